@@ -1,0 +1,12 @@
+"""hf_rope_ext: RoPE context-extension methods for Hugging Face transformers 5.x.
+
+Importing the package registers its rope types into transformers (idempotently).
+"""
+
+from ._transformers import install as _install
+from .registry import available_rope_types, get_method
+
+__version__ = "0.1.0"
+__all__ = ["available_rope_types", "get_method", "__version__"]
+
+_install()

@@ -1,0 +1,1 @@
+"""Attention-level methods: each module registers one rope_type that changes how scores or outputs are formed."""

@@ -1,0 +1,73 @@
+"""What every frequency function needs from a config: its rope parameters, rotary dim, base and L0.
+
+All frequencies are computed in fp32 (or fp64 when asked) with autocast off; callers cast afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RopeSetup:
+    params: dict  # the flat rope_parameters of this layer type
+    dim: int  # rotary dimension d (head_dim * partial_rotary_factor)
+    base: float  # rope_theta b
+    original_max: int  # L0: original_max_position_embeddings, defaults to max_position_embeddings
+    max_position_embeddings: int
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def rope_setup(config, layer_type: str | None = None) -> RopeSetup:
+    """Read the rope parameters (nested per layer type when ``layer_type`` is given) and derived sizes."""
+    params = config.rope_parameters[layer_type] if layer_type is not None else config.rope_parameters
+    partial = params.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor", None) or 1.0
+    dim = int(head_dim_of(config) * partial)
+    original = params.get("original_max_position_embeddings") or config.max_position_embeddings
+    theta = params.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0
+    return RopeSetup(params, dim, float(theta), int(original), int(config.max_position_embeddings))
+
+
+def exponents(dim: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """2i/d for i = 0 .. d/2-1, shape [d/2]."""
+    return torch.arange(0, dim, 2, device=device, dtype=torch.int64).to(dtype) / dim
+
+
+def inv_freq_for_base(base: float, dim: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """theta_i = base^(-2i/d), shape [d/2], computed with autocast off."""
+    with torch.autocast(device_type="cpu", enabled=False):
+        return 1.0 / (base ** exponents(dim, device, dtype))
+
+
+def correction_dim(rotations: float, dim: int, base: float, length: int) -> float:
+    """The (fractional) pair index i whose wavelength turns ``rotations`` times in ``length`` positions."""
+    return dim * math.log(length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+def correction_range(fast: float, slow: float, dim: int, base: float, length: int, truncate: bool = True):
+    """Pair indices [low, high] between which a ramp runs: below ``low`` the pairs turn more than ``fast`` times."""
+    low = correction_dim(fast, dim, base, length)
+    high = correction_dim(slow, dim, base, length)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
+
+
+def ramp(low: float, high: float, n: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """0 up to ``low``, 1 from ``high`` on, linear between; shape [n]."""
+    if low == high:
+        high += 0.001  # avoid dividing by zero when the ramp collapses to a step
+    return ((torch.arange(n, device=device, dtype=dtype) - low) / (high - low)).clamp(0, 1)
+
+
+def as_float(seq_len) -> float | None:
+    """``seq_len`` arrives as None, an int or a 0-d tensor (transformers' dynamic updater)."""
+    if seq_len is None:
+        return None
+    return float(seq_len.item() if isinstance(seq_len, torch.Tensor) else seq_len)

@@ -1,0 +1,60 @@
+"""``dynamic_yarn``: YaRN whose factor is max(1, seq_len / L0), recomputed as the sequence grows.
+
+Up to L0 it is the unscaled model. The name contains "dynamic", so transformers' ``dynamic_rope_update``
+calls this function again with the current length whenever the sequence grows past the cached one.
+"""
+
+import math
+
+from ..registry import Param, RopeMethod, register
+from .common import as_float, rope_setup
+from .ntk_by_parts import by_parts_inv_freq, check_betas
+from .params import BETA_FAST, BETA_SLOW, ORIGINAL_MAX, TRUNCATE
+
+
+def yarn_attention_factor(factor: float) -> float:
+    """YaRN's sqrt(1/t) = 0.1 ln(s) + 1 (1 for s <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
+def dynamic_factor(seq_len, original_max: int, max_position_embeddings: int) -> float:
+    """s = max(1, seq_len / L0); at construction (no seq_len) the module's cached length is used."""
+    length = as_float(seq_len) or float(max_position_embeddings)
+    return max(1.0, length / original_max)
+
+
+def compute_dynamic_yarn(config, device=None, seq_len=None, layer_type=None):
+    s = rope_setup(config, layer_type)
+    p = s.params
+    factor = dynamic_factor(seq_len, s.original_max, s.max_position_embeddings)
+    inv = by_parts_inv_freq(
+        s.base,
+        s.dim,
+        factor,
+        s.original_max,
+        float(p.get("beta_fast") or 32.0),
+        float(p.get("beta_slow") or 1.0),
+        p.get("truncate", True) is not False,
+        device,
+    )
+    attention = p.get("attention_factor")
+    return inv, float(attention) if attention is not None else yarn_attention_factor(factor)
+
+
+METHOD = register(
+    RopeMethod(
+        name="dynamic_yarn",
+        kind="frequency",
+        frequencies=compute_dynamic_yarn,
+        params={
+            "original_max_position_embeddings": ORIGINAL_MAX,
+            "beta_fast": BETA_FAST,
+            "beta_slow": BETA_SLOW,
+            "truncate": TRUNCATE,
+            "attention_factor": Param(default=None, exclusive_minimum=0, help="fixed cos/sin scale; default 0.1 ln s + 1"),
+        },
+        summary="YaRN with factor max(1, seq_len/L0), recomputed as the sequence grows",
+        dynamic=True,
+        check=check_betas,
+    )
+)

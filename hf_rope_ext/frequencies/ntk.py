@@ -1,0 +1,26 @@
+"""``ntk``: NTK-aware (beta-ary) scaling: a larger base b * s^(d/(d-2)), attention factor 1."""
+
+from ..registry import RopeMethod, register
+from .common import inv_freq_for_base, rope_setup
+from .params import FACTOR, ORIGINAL_MAX
+
+
+def ntk_base(base: float, factor: float, dim: int) -> float:
+    """The scaled base that stretches the lowest frequency by ``factor`` and keeps the highest."""
+    return base * factor ** (dim / (dim - 2))
+
+
+def compute_ntk(config, device=None, seq_len=None, layer_type=None):
+    s = rope_setup(config, layer_type)
+    return inv_freq_for_base(ntk_base(s.base, float(s.params["factor"]), s.dim), s.dim, device), 1.0
+
+
+METHOD = register(
+    RopeMethod(
+        name="ntk",
+        kind="frequency",
+        frequencies=compute_ntk,
+        params={"factor": FACTOR, "original_max_position_embeddings": ORIGINAL_MAX},
+        summary="NTK-aware scaling: base b*s^(d/(d-2)), no attention factor",
+    )
+)

@@ -1,0 +1,55 @@
+"""``ntk_by_parts``: YaRN's frequency schedule (paper section 3.2) without its attention factor.
+
+Pairs that turn more than ``beta_fast`` times in L0 keep theta_i (extrapolate), pairs that turn fewer than
+``beta_slow`` times get theta_i / s (interpolate), with a linear ramp in the pair index between.
+"""
+
+from ..registry import RopeMethod, register
+from .common import correction_range, inv_freq_for_base, ramp, rope_setup
+from .params import BETA_FAST, BETA_SLOW, FACTOR, ORIGINAL_MAX, TRUNCATE, require_greater
+
+
+def by_parts_inv_freq(base, dim, factor, original_max, beta_fast=32.0, beta_slow=1.0, truncate=True, device=None):
+    """Blend of theta_i (fast pairs) and theta_i/factor (slow pairs); shape [d/2], fp32."""
+    theta = inv_freq_for_base(base, dim, device)
+    low, high = correction_range(beta_fast, beta_slow, dim, base, original_max, truncate)
+    keep = 1.0 - ramp(low, high, dim // 2, device)  # 1 for pair indices below low, 0 above high
+    return theta / factor * (1.0 - keep) + theta * keep
+
+
+def compute_ntk_by_parts(config, device=None, seq_len=None, layer_type=None):
+    s = rope_setup(config, layer_type)
+    p = s.params
+    inv_freq = by_parts_inv_freq(
+        s.base,
+        s.dim,
+        float(p["factor"]),
+        s.original_max,
+        float(p.get("beta_fast") or 32.0),
+        float(p.get("beta_slow") or 1.0),
+        p.get("truncate", True) is not False,
+        device,
+    )
+    return inv_freq, 1.0
+
+
+def check_betas(params: dict, config) -> None:
+    require_greater(params, "beta_fast", "beta_slow", 32.0, 1.0)
+
+
+METHOD = register(
+    RopeMethod(
+        name="ntk_by_parts",
+        kind="frequency",
+        frequencies=compute_ntk_by_parts,
+        params={
+            "factor": FACTOR,
+            "original_max_position_embeddings": ORIGINAL_MAX,
+            "beta_fast": BETA_FAST,
+            "beta_slow": BETA_SLOW,
+            "truncate": TRUNCATE,
+        },
+        summary="YaRN's NTK-by-parts frequencies, attention factor 1",
+        check=check_betas,
+    )
+)

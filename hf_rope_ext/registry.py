@@ -1,0 +1,184 @@
+"""The table of RoPE methods this package adds: name -> parameters, frequency function, kind.
+
+A method is one module that calls :func:`register` at import time. Everything else (transformers
+registration, validation, the ``list`` command, the generic tests) reads this table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+REQUIRED = object()  # marker: a parameter without a default
+
+
+@dataclass(frozen=True)
+class Param:
+    """One key of ``rope_parameters``: its default, its type and the range it must lie in."""
+
+    default: Any = REQUIRED
+    kind: Literal["number", "int", "bool"] = "number"
+    minimum: float | None = None  # inclusive lower bound
+    exclusive_minimum: float | None = None  # strict lower bound
+    help: str = ""
+
+    def describe_allowed(self) -> str:
+        what = {"number": "a number", "int": "an integer", "bool": "true or false"}[self.kind]
+        if self.minimum is not None:
+            what += f" >= {self.minimum:g}"
+        if self.exclusive_minimum is not None:
+            what += f" > {self.exclusive_minimum:g}"
+        return what
+
+
+# Keys every method accepts besides its own (transformers fills some of them in itself).
+COMMON_KEYS = {
+    "rope_type": Param(default="default", help="the method's name"),
+    "type": Param(default=None, help="legacy spelling of rope_type"),
+    "rope_theta": Param(default=10000.0, exclusive_minimum=0, help="RoPE base b"),
+    "partial_rotary_factor": Param(default=1.0, exclusive_minimum=0, help="fraction of head_dim rotated"),
+}
+
+# Signature shared with transformers' ROPE_INIT_FUNCTIONS.
+FrequencyFn = Callable[..., tuple["Any", float]]  # (config, device=None, seq_len=None, layer_type=None)
+CheckFn = Callable[[dict, Any], None]  # (rope_parameters, config) -> raises ValueError
+
+
+@dataclass(frozen=True)
+class RopeMethod:
+    name: str
+    kind: Literal["frequency", "attention"]
+    frequencies: FrequencyFn  # the real inv_freq and attention factor of the method
+    params: dict[str, Param] = field(default_factory=dict)
+    summary: str = ""
+    dynamic: bool = False  # frequencies depend on the sequence length
+    check: CheckFn | None = None  # cross-parameter checks beyond the per-key ones
+    families: tuple[str, ...] | None = None  # model_type values supported; None means every rope-registry family
+
+
+_METHODS: dict[str, RopeMethod] = {}
+
+
+def register(method: RopeMethod) -> RopeMethod:
+    """Add a method to the table; a second method under the same name is an error."""
+    if method.name in _METHODS and _METHODS[method.name] is not method:
+        raise ValueError(f"rope_type {method.name!r} is already registered by {_METHODS[method.name]!r}")
+    _METHODS[method.name] = method
+    return method
+
+
+def get_method(name: str) -> RopeMethod:
+    if name not in _METHODS:
+        raise KeyError(
+            f"rope_type={name!r} is not a type of hf_rope_ext; known: {sorted(_METHODS)} "
+            f"(transformers' own: {sorted(BUILTIN_TYPES)})"
+        )
+    return _METHODS[name]
+
+
+def available_rope_types() -> list[str]:
+    """Every rope_type this package adds, sorted."""
+    _load_methods()
+    return sorted(_METHODS)
+
+
+def methods() -> list[RopeMethod]:
+    _load_methods()
+    return [_METHODS[n] for n in sorted(_METHODS)]
+
+
+def _load_methods() -> None:
+    from . import attention, frequencies  # noqa: F401  (importing the packages registers their modules)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# validation
+
+
+def validate(rope_parameters: dict, config: Any = None) -> None:
+    """Check one flat ``rope_parameters`` dict of this package's types; raise naming key, value and what is allowed."""
+    rope_type = rope_parameters.get("rope_type", rope_parameters.get("type"))
+    method = get_method(rope_type)
+    allowed = {**COMMON_KEYS, **method.params}
+    ignore = set(getattr(config, "ignore_keys_at_rope_validation", None) or ())
+    for key, value in rope_parameters.items():
+        if key in ignore:
+            continue
+        if key not in allowed:
+            raise ValueError(
+                f"rope_parameters[{key!r}]={value!r} is not a parameter of rope_type={rope_type!r}; "
+                f"allowed keys: {sorted(k for k in allowed if k != 'type')}"
+            )
+        if key not in ("rope_type", "type"):
+            _check_value(rope_type, key, value, allowed[key])
+    for key, spec in method.params.items():
+        if spec.default is REQUIRED and rope_parameters.get(key) is None:
+            raise KeyError(
+                f"rope_parameters[{key!r}] is required for rope_type={rope_type!r} "
+                f"({spec.describe_allowed()}: {spec.help})"
+            )
+    if method.check is not None:
+        method.check(rope_parameters, config)
+
+
+def _check_value(rope_type: str, key: str, value: Any, spec: Param) -> None:
+    def fail() -> None:
+        raise ValueError(
+            f"rope_parameters[{key!r}]={value!r} is invalid for rope_type={rope_type!r}: "
+            f"expected {spec.describe_allowed()}"
+        )
+
+    if value is None and spec.default is not REQUIRED:
+        return
+    if spec.kind == "bool":
+        if not isinstance(value, bool):
+            fail()
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        fail()
+    if spec.kind == "int" and not float(value).is_integer():
+        fail()
+    if spec.minimum is not None and value < spec.minimum:
+        fail()
+    if spec.exclusive_minimum is not None and value <= spec.exclusive_minimum:
+        fail()
+
+
+def param_value(rope_parameters: dict, method: RopeMethod, key: str) -> Any:
+    """The value of ``key`` in ``rope_parameters``, or the method's default when it is absent or None."""
+    value = rope_parameters.get(key)
+    return method.params[key].default if value is None else value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# transformers' own types, for the ``list`` table and for error messages (their code stays transformers')
+
+BUILTIN_TYPES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "linear": {"factor": REQUIRED},
+    "dynamic": {"factor": REQUIRED},
+    "yarn": {
+        "factor": REQUIRED,
+        "original_max_position_embeddings": "max_position_embeddings",
+        "attention_factor": "0.1 ln(factor) + 1",
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": None,
+        "mscale_all_dim": None,
+        "truncate": True,
+    },
+    "longrope": {
+        "short_factor": REQUIRED,
+        "long_factor": REQUIRED,
+        "original_max_position_embeddings": REQUIRED,
+        "factor": None,
+        "attention_factor": None,
+    },
+    "llama3": {
+        "factor": REQUIRED,
+        "original_max_position_embeddings": REQUIRED,
+        "low_freq_factor": REQUIRED,
+        "high_freq_factor": REQUIRED,
+    },
+}
