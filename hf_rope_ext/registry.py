@@ -55,6 +55,7 @@ class RopeMethod:
     dynamic: bool = False  # frequencies depend on the sequence length
     check: CheckFn | None = None  # cross-parameter checks beyond the per-key ones
     families: tuple[str, ...] | None = None  # model_type values supported; None means every rope-registry family
+    training_free: bool = True  # meaningful on a model pretrained with plain RoPE (False: xPos, RoPER need training)
 
 
 _METHODS: dict[str, RopeMethod] = {}
