@@ -4,9 +4,12 @@ Importing the package registers its rope types into transformers (idempotently).
 """
 
 from ._transformers import install as _install
+from .models.roformer import install as _install_roformer
+from .configure import rope_parameters_for
 from .registry import available_rope_types, get_method
 
 __version__ = "0.1.0"
-__all__ = ["available_rope_types", "get_method", "__version__"]
+__all__ = ["available_rope_types", "get_method", "rope_parameters_for", "__version__"]
 
 _install()
+_install_roformer()

@@ -56,6 +56,16 @@ class RopeMethod:
     check: CheckFn | None = None  # cross-parameter checks beyond the per-key ones
     families: tuple[str, ...] | None = None  # model_type values supported; None means every rope-registry family
     training_free: bool = True  # meaningful on a model pretrained with plain RoPE (False: xPos, RoPER need training)
+    example: dict = field(default_factory=dict)  # valid parameters besides rope_type, for docs and generic tests
+
+
+def example_parameters(method: RopeMethod, factor: float = 2.0) -> dict:
+    """A valid ``rope_parameters`` dict for ``method``: its example, else required keys filled from their specs."""
+    params = dict(method.example)
+    for key, spec in method.params.items():
+        if spec.default is REQUIRED and key not in params:
+            params[key] = factor if key == "factor" else max(spec.minimum or 1, 1)
+    return {"rope_type": method.name, **params}
 
 
 _METHODS: dict[str, RopeMethod] = {}
@@ -119,6 +129,12 @@ def validate(rope_parameters: dict, config: Any = None) -> None:
                 f"rope_parameters[{key!r}] is required for rope_type={rope_type!r} "
                 f"({spec.describe_allowed()}: {spec.help})"
             )
+    if rope_parameters.get("rope_theta") is None:
+        raise KeyError(
+            f"rope_parameters['rope_theta'] is missing for rope_type={rope_type!r}: passing rope_parameters to "
+            "from_pretrained replaces the saved dict, base included; build it with "
+            "hf_rope_ext.rope_parameters_for(path, rope_type, ...) or add the checkpoint's rope_theta"
+        )
     if method.check is not None:
         method.check(rope_parameters, config)
 
@@ -182,4 +198,13 @@ BUILTIN_TYPES: dict[str, dict[str, Any]] = {
         "low_freq_factor": REQUIRED,
         "high_freq_factor": REQUIRED,
     },
+}
+
+BUILTIN_SUMMARIES = {
+    "default": "plain RoPE, theta_i = b^(-2i/d)",
+    "linear": "position interpolation: theta_i / s",
+    "dynamic": "dynamic NTK: base grows with seq_len beyond max_position_embeddings",
+    "yarn": "NTK-by-parts frequencies and attention factor 0.1 ln(s) + 1",
+    "longrope": "per-pair rescale factors, short and long sets switched at L0",
+    "llama3": "Llama 3.1 three-band schedule",
 }

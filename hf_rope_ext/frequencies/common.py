@@ -30,8 +30,9 @@ def rope_setup(config, layer_type: str | None = None) -> RopeSetup:
     partial = params.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor", None) or 1.0
     dim = int(head_dim_of(config) * partial)
     original = params.get("original_max_position_embeddings") or config.max_position_embeddings
-    theta = params.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0
-    return RopeSetup(params, dim, float(theta), int(original), int(config.max_position_embeddings))
+    if params.get("rope_theta") is None:
+        raise KeyError(f"rope_parameters['rope_theta'] is missing (rope_type={params.get('rope_type')!r})")
+    return RopeSetup(params, dim, float(params["rope_theta"]), int(original), int(config.max_position_embeddings))
 
 
 def exponents(dim: int, device=None, dtype=torch.float32) -> torch.Tensor:

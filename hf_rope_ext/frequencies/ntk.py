@@ -21,6 +21,7 @@ METHOD = register(
         kind="frequency",
         frequencies=compute_ntk,
         params={"factor": FACTOR, "original_max_position_embeddings": ORIGINAL_MAX},
+        example={"factor": 4.0},
         summary="NTK-aware scaling: base b*s^(d/(d-2)), no attention factor",
     )
 )

@@ -5,16 +5,16 @@ Pairs that turn more than ``beta_fast`` times in L0 keep theta_i (extrapolate), 
 """
 
 from ..registry import RopeMethod, register
-from .common import correction_range, inv_freq_for_base, ramp, rope_setup
+from .common import correction_range, exponents, ramp, rope_setup
 from .params import BETA_FAST, BETA_SLOW, FACTOR, ORIGINAL_MAX, TRUNCATE, require_greater
 
 
 def by_parts_inv_freq(base, dim, factor, original_max, beta_fast=32.0, beta_slow=1.0, truncate=True, device=None):
     """Blend of theta_i (fast pairs) and theta_i/factor (slow pairs); shape [d/2], fp32."""
-    theta = inv_freq_for_base(base, dim, device)
+    wavelength = base ** exponents(dim, device)  # b^(2i/d) = 1/theta_i, shape [d/2]
     low, high = correction_range(beta_fast, beta_slow, dim, base, original_max, truncate)
     keep = 1.0 - ramp(low, high, dim // 2, device)  # 1 for pair indices below low, 0 above high
-    return theta / factor * (1.0 - keep) + theta * keep
+    return 1.0 / (factor * wavelength) * (1.0 - keep) + 1.0 / wavelength * keep
 
 
 def compute_ntk_by_parts(config, device=None, seq_len=None, layer_type=None):
@@ -49,6 +49,7 @@ METHOD = register(
             "beta_slow": BETA_SLOW,
             "truncate": TRUNCATE,
         },
+        example={"factor": 4.0},
         summary="YaRN's NTK-by-parts frequencies, attention factor 1",
         check=check_betas,
     )

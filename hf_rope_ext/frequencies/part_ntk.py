@@ -63,6 +63,7 @@ METHOD = register(
             "gamma_0": _rotations("gamma_0", "rotations in L0 above which theta_i is kept"),
             "gamma_1": _rotations("gamma_1", "rotations in L0 below which the NTK/linear blend is used"),
         },
+        example={"factor": 4.0},
         summary="seed 001's NTK + linear + extrapolation blend",
         check=check_constants,
     )

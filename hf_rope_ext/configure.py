@@ -1,0 +1,49 @@
+"""Build ``rope_parameters`` for a saved model without losing what its config already says.
+
+``from_pretrained(path, rope_parameters=...)`` replaces the saved dict whole, so a checkpoint's own
+``rope_theta`` or ``partial_rotary_factor`` would be lost; this merges them in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+KEPT_KEYS = ("rope_theta", "partial_rotary_factor")
+
+
+def _flat_rope_parameters(config) -> dict:
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if any(isinstance(v, dict) for v in params.values()):
+        raise ValueError(
+            f"config.rope_parameters is nested per layer type ({sorted(params)}); pass a dict per layer type yourself"
+        )
+    return params
+
+
+def rope_parameters_for(source: Any, rope_type: str | None, **params: Any) -> dict:
+    """``rope_parameters`` for ``source`` (a config or a model directory/repo id) switched to ``rope_type``.
+
+    Keeps the saved base (``rope_theta``) and ``partial_rotary_factor``; sets
+    ``original_max_position_embeddings`` to the saved ``max_position_embeddings`` when the type takes it and it
+    is not given. ``rope_type=None`` returns the saved parameters unchanged.
+    """
+    from transformers import AutoConfig, PretrainedConfig
+
+    from . import registry
+
+    config = source if isinstance(source, PretrainedConfig) else AutoConfig.from_pretrained(source)
+    saved = _flat_rope_parameters(config)
+    if rope_type is None:
+        return saved
+    merged = {k: saved[k] for k in KEPT_KEYS if saved.get(k) is not None}
+    merged["rope_type"] = rope_type
+    takes_length = rope_type in ("yarn", "longrope", "llama3") or (
+        rope_type in registry.available_rope_types()
+        and "original_max_position_embeddings" in registry.get_method(rope_type).params
+    )
+    if takes_length and params.get("original_max_position_embeddings") is None:
+        merged["original_max_position_embeddings"] = int(
+            saved.get("original_max_position_embeddings") or config.max_position_embeddings
+        )
+    merged.update({k: v for k, v in params.items() if v is not None})
+    return merged

@@ -1,0 +1,52 @@
+"""Tiny models from configs, shared by every test file."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import hf_rope_ext  # noqa: F401  (registers the package's rope types)
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+# model_type -> the config keys a tiny model of that family needs
+FAMILIES = {
+    "llama": {},
+    "mistral": {"sliding_window": None},
+    "qwen2": {},
+    "stablelm": {"partial_rotary_factor": 0.5},
+    "qwen3": {"head_dim": 24},
+}
+TINY = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    bos_token_id=1,
+    eos_token_id=2,
+    tie_word_embeddings=False,
+)
+
+
+def tiny_config(family: str = "llama", rope_parameters: dict | None = None, **overrides):
+    """A 2-layer GQA config of ``family`` (4 query heads, 2 kv heads, head_dim 16 unless overridden)."""
+    kwargs = {**TINY, **FAMILIES[family], **overrides}
+    if rope_parameters is not None:
+        kwargs["rope_parameters"] = dict(rope_parameters)
+    return AutoConfig.for_model(family, **kwargs)
+
+
+def tiny_model(family: str = "llama", rope_parameters: dict | None = None, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    config = tiny_config(family, rope_parameters, **overrides)
+    config._attn_implementation = overrides.pop("attn_implementation", None) or "eager"
+    return AutoModelForCausalLM.from_config(config, attn_implementation=config._attn_implementation).eval()
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def family(request):
+    return request.param

@@ -1,0 +1,115 @@
+"""Every frequency-level type in every family that reads transformers' rope registry, through configs and files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FAMILIES, tiny_config, tiny_model
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from hf_rope_ext import registry
+
+FREQUENCY_METHODS = [m for m in registry.methods() if m.kind == "frequency"]
+IDS = [m.name for m in FREQUENCY_METHODS]
+
+
+def logits(model, length=24, seed=1):
+    torch.manual_seed(seed)
+    ids = torch.randint(3, model.config.vocab_size, (2, length))
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("method", FREQUENCY_METHODS, ids=IDS)
+def test_family_builds_with_type_and_uses_its_frequencies(method, family):
+    params = registry.example_parameters(method)
+    model = tiny_model(family, params)
+    expected, scale = method.frequencies(model.config)
+    torch.testing.assert_close(model.model.rotary_emb.inv_freq, expected, rtol=0, atol=0)
+    assert model.model.rotary_emb.attention_scaling == scale
+    assert torch.isfinite(logits(model)).all()
+
+
+@pytest.mark.parametrize("method", FREQUENCY_METHODS, ids=IDS)
+def test_save_and_reload_keep_type_frequencies_and_logits(method, family, tmp_path):
+    model = tiny_model(family, registry.example_parameters(method))
+    model.save_pretrained(tmp_path)
+    saved = AutoConfig.from_pretrained(tmp_path)
+    assert saved.rope_parameters["rope_type"] == method.name
+    again = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    torch.testing.assert_close(again.model.rotary_emb.inv_freq, model.model.rotary_emb.inv_freq, rtol=0, atol=0)
+    torch.testing.assert_close(logits(again), logits(model), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", FREQUENCY_METHODS, ids=IDS)
+def test_from_pretrained_with_rope_parameters_patches_a_stock_checkpoint(method, tmp_path):
+    from hf_rope_ext import rope_parameters_for
+
+    tiny_model("llama").save_pretrained(tmp_path)
+    params = registry.example_parameters(method)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, rope_parameters=rope_parameters_for(tmp_path, **params))
+    assert model.config.rope_parameters["rope_type"] == method.name
+    torch.testing.assert_close(model.model.rotary_emb.inv_freq, method.frequencies(model.config)[0])
+
+
+@pytest.mark.parametrize("method", FREQUENCY_METHODS, ids=IDS)
+def test_legacy_rope_scaling_spelling_gives_the_same_frequencies(method):
+    params = registry.example_parameters(method)
+    legacy = {("type" if k == "rope_type" else k): v for k, v in params.items()}
+    old = tiny_config(rope_scaling=legacy)
+    new = tiny_config(rope_parameters=params)
+    assert old.rope_parameters["rope_type"] == method.name
+    torch.testing.assert_close(method.frequencies(old)[0], method.frequencies(new)[0], rtol=0, atol=0)
+
+
+def test_dynamic_yarn_model_equals_unscaled_inside_l0_and_yarn_beyond():
+    dyn = tiny_model("llama", {"rope_type": "dynamic_yarn"}, max_position_embeddings=16)
+    plain = tiny_model("llama", None, max_position_embeddings=16)
+    torch.testing.assert_close(logits(dyn, length=16), logits(plain, length=16), rtol=0, atol=0)
+    yarn = tiny_model(
+        "llama", {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 16}, max_position_embeddings=16
+    )
+    torch.testing.assert_close(logits(dyn, length=48), logits(yarn, length=48), rtol=1e-5, atol=1e-5)
+
+
+def test_stock_types_untouched_by_import():
+    """Importing the package adds entries; transformers' own functions stay the objects transformers defined."""
+    from transformers import modeling_rope_utils as mru
+
+    assert mru.ROPE_INIT_FUNCTIONS["yarn"] is mru._compute_yarn_parameters
+    assert mru.ROPE_INIT_FUNCTIONS["linear"] is mru._compute_linear_scaling_rope_parameters
+    assert set(registry.available_rope_types()) <= set(mru.ROPE_INIT_FUNCTIONS)
+
+
+def test_install_is_idempotent():
+    from hf_rope_ext._transformers import install
+
+    before = dict(__import__("transformers").modeling_rope_utils.ROPE_INIT_FUNCTIONS)
+    install()
+    install()
+    after = __import__("transformers").modeling_rope_utils.ROPE_INIT_FUNCTIONS
+    assert set(after) == set(before)
+    for name in registry.available_rope_types():
+        assert registry.get_method(name) is not None
+
+
+def test_families_cover_the_issue():
+    assert {"llama", "mistral", "qwen2"} <= set(FAMILIES) and len(FAMILIES) >= 4
+
+
+def test_from_pretrained_without_base_is_refused_and_rope_parameters_for_keeps_it(tmp_path):
+    """from_pretrained(..., rope_parameters=...) replaces the saved dict; the saved base must not be lost silently."""
+    from hf_rope_ext import rope_parameters_for
+
+    tiny_model("llama", {"rope_type": "default", "rope_theta": 500000.0}).save_pretrained(tmp_path)
+    with pytest.raises(KeyError, match="rope_theta"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, rope_scaling={"type": "ntk", "factor": 4.0})
+    params = rope_parameters_for(tmp_path, "ntk_by_parts", factor=4.0)
+    assert params == {
+        "rope_theta": 500000.0,
+        "rope_type": "ntk_by_parts",
+        "original_max_position_embeddings": 64,
+        "factor": 4.0,
+    }
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, rope_parameters=params)
+    torch.testing.assert_close(model.model.rotary_emb.inv_freq, registry.get_method("ntk_by_parts").frequencies(model.config)[0])
