@@ -22,8 +22,13 @@ from hf_rope_ext import registry
 def build(rope_parameters: dict, device: str) -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=384, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
-        max_position_embeddings=512, rope_parameters=rope_parameters,
+        vocab_size=384,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        rope_parameters=rope_parameters,
     )
     return LlamaForCausalLM(config).to(device).eval()
 
@@ -58,8 +63,10 @@ def main() -> None:
         for name, model in models.items():
             times[name].append(time_forward(model, ids))
     reference = statistics.median(times["linear"])
-    print(f"hf-rope-ext {hf_rope_ext.__version__}, torch {torch.__version__}, {args.device}, "
-          f"{args.length} tokens, {args.rounds} rounds, median forward time")
+    print(
+        f"hf-rope-ext {hf_rope_ext.__version__}, torch {torch.__version__}, {args.device}, "
+        f"{args.length} tokens, {args.rounds} rounds, median forward time"
+    )
     print("| rope_type | median ms | ratio to linear |\n|---|---|---|")
     for name, samples in times.items():
         median = statistics.median(samples)

@@ -7,8 +7,9 @@ registration, validation, the ``list`` command, the generic tests) reads this ta
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 REQUIRED = object()  # marker: a parameter without a default
 

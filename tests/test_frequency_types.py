@@ -119,7 +119,9 @@ def test_dynamic_yarn_is_default_up_to_l0_and_yarn_beyond():
         assert att == 1.0
     for k in (2, 3, 4.5, 8):
         inv, att = compute(config, seq_len=torch.tensor(int(k * 64)))
-        yarn = tiny_config(rope_parameters={"rope_type": "yarn", "factor": float(k), "original_max_position_embeddings": 64})
+        yarn = tiny_config(
+            rope_parameters={"rope_type": "yarn", "factor": float(k), "original_max_position_embeddings": 64}
+        )
         yarn_inv, yarn_att = ROPE_INIT_FUNCTIONS["yarn"](yarn)
         torch.testing.assert_close(inv, yarn_inv, rtol=0, atol=0)
         assert att == pytest.approx(yarn_att)
@@ -133,12 +135,16 @@ def test_partial_rotary_head_dim_and_original_max(method):
     params = registry.example_parameters(method, factor=4.0)
     params["original_max_position_embeddings"] = 32
     base = tiny_config(rope_parameters=params, head_dim=24, max_position_embeddings=128)
-    partial = tiny_config(rope_parameters={**params, "partial_rotary_factor": 0.5}, head_dim=24, max_position_embeddings=128)
+    partial = tiny_config(
+        rope_parameters={**params, "partial_rotary_factor": 0.5}, head_dim=24, max_position_embeddings=128
+    )
     full_inv, _ = method.frequencies(base, seq_len=128)
     half_inv, _ = method.frequencies(partial, seq_len=128)
     assert full_inv.shape == (12,) and half_inv.shape == (6,)
     # the original length enters every schedule except plain ntk: changing it changes the frequencies
-    other = tiny_config(rope_parameters={**params, "original_max_position_embeddings": 16}, head_dim=24, max_position_embeddings=128)
+    other = tiny_config(
+        rope_parameters={**params, "original_max_position_embeddings": 16}, head_dim=24, max_position_embeddings=128
+    )
     moved = not torch.equal(method.frequencies(other, seq_len=128)[0], full_inv)
     assert moved == (method.name != "ntk")
 

@@ -67,7 +67,9 @@ def test_dynamic_yarn_model_equals_unscaled_inside_l0_and_yarn_beyond():
     plain = tiny_model("llama", None, max_position_embeddings=16)
     torch.testing.assert_close(logits(dyn, length=16), logits(plain, length=16), rtol=0, atol=0)
     yarn = tiny_model(
-        "llama", {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 16}, max_position_embeddings=16
+        "llama",
+        {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 16},
+        max_position_embeddings=16,
     )
     torch.testing.assert_close(logits(dyn, length=48), logits(yarn, length=48), rtol=1e-5, atol=1e-5)
 
@@ -112,4 +114,6 @@ def test_from_pretrained_without_base_is_refused_and_rope_parameters_for_keeps_i
         "factor": 4.0,
     }
     model = AutoModelForCausalLM.from_pretrained(tmp_path, rope_parameters=params)
-    torch.testing.assert_close(model.model.rotary_emb.inv_freq, registry.get_method("ntk_by_parts").frequencies(model.config)[0])
+    torch.testing.assert_close(
+        model.model.rotary_emb.inv_freq, registry.get_method("ntk_by_parts").frequencies(model.config)[0]
+    )

@@ -16,9 +16,7 @@ BF16_ROUNDING = 2.0**-8
 FP32_ANGLE_ERROR = 1.6e-2
 
 
-@pytest.mark.parametrize(
-    "method", [m for m in registry.methods() if m.kind == "frequency"], ids=lambda m: m.name
-)
+@pytest.mark.parametrize("method", [m for m in registry.methods() if m.kind == "frequency"], ids=lambda m: m.name)
 def test_bf16_cos_sin_match_fp32_reference_past_100k(method, tmp_path):
     tiny_model("llama", registry.example_parameters(method), max_position_embeddings=32768).save_pretrained(tmp_path)
     model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 from conftest import tiny_config, tiny_model
-from transformers import AutoModelForCausalLM
-
 from huggingface_hub.errors import StrictDataclassError
+from transformers import AutoModelForCausalLM
 
 from hf_rope_ext import registry
 
@@ -68,7 +67,10 @@ def test_beta_fast_must_exceed_beta_slow(name, betas):
         ({"rope_type": "part_ntk", "factor": 2.0, "beta_0": 0.5}, "beta_0"),
         ({"rope_type": "part_ntk", "factor": 2.0, "gamma_1": 20}, "gamma_0"),
         ({"rope_type": "part_ntk", "factor": 2.0, "ntk_factor": -1}, "ntk_factor"),
-        ({"rope_type": "ntk", "factor": 2.0, "original_max_position_embeddings": 10.5}, "original_max_position_embeddings"),
+        (
+            {"rope_type": "ntk", "factor": 2.0, "original_max_position_embeddings": 10.5},
+            "original_max_position_embeddings",
+        ),
         ({"rope_type": "ntk_by_parts", "factor": 2.0, "truncate": "yes"}, "truncate"),
         ({"rope_type": "ntk", "factor": 2.0, "rope_theta": 0}, "rope_theta"),
     ],

@@ -21,8 +21,9 @@ def blend(inner, outer, fast, slow, weight, dim, base, original_max):
     return inner * (1.0 - mask) + outer * mask
 
 
-def part_ntk_inv_freq(base, dim, factor, original_max, ntk_factor=1.0, extrapolation_factor=1.0, c=CONSTANTS,
-                      device=None):
+def part_ntk_inv_freq(
+    base, dim, factor, original_max, ntk_factor=1.0, extrapolation_factor=1.0, c=CONSTANTS, device=None
+):
     theta = inv_freq_for_base(base, dim, device)
     ntk = inv_freq_for_base(ntk_base(base, factor, dim), dim, device)
     inv = blend(theta / factor, ntk, c["beta_0"], c["beta_1"], ntk_factor, dim, base, original_max)
