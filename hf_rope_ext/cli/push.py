@@ -1,0 +1,27 @@
+"""``hf-rope-ext push SRC --repo-id NAME``: upload a model or adapter directory with its model card."""
+
+from __future__ import annotations
+
+import sys
+
+
+def add_parser(subparsers, name):
+    parser = subparsers.add_parser(name, help="upload a model or adapter directory to the Hugging Face Hub")
+    parser.add_argument("src", help="saved model or peft adapter directory (only read)")
+    parser.add_argument("--repo-id", required=True, help="'name' or 'owner/name' on the Hub")
+    parser.add_argument("--private", action="store_true", help="create the repo private")
+    parser.add_argument("--dry-run", metavar="DIR", help="write exactly what would be uploaded to DIR; upload nothing")
+    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
+    return parser
+
+
+def run(args) -> int:
+    from ..hub import HubError, push
+
+    try:
+        where = push(args.src, args.repo_id, private=args.private, dry_run=args.dry_run, token=args.token)
+    except HubError as err:
+        print(f"hf-rope-ext push: error: {err}", file=sys.stderr)
+        return 1
+    print(f"{'dry run, nothing uploaded: wrote' if args.dry_run else 'pushed:'} {where}")
+    return 0

@@ -1,0 +1,128 @@
+"""``hf-rope-ext push``: the dry-run folder is exactly what would go up and loads; failures change nothing local."""
+
+import hashlib
+import json
+import socket
+
+import huggingface_hub.constants
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+import hf_rope_ext  # noqa: F401  (registers the rope types)
+from hf_rope_ext.cards import write_model_card
+from hf_rope_ext.cli import main
+from hf_rope_ext.hub import HubError, push
+
+NTK = {"rope_type": "ntk", "factor": 4.0, "rope_theta": 10000.0}
+IDS = torch.arange(90).remainder(64)[None]
+
+
+def tiny_model(rope_parameters=None) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+        max_position_embeddings=64,
+        rope_parameters=rope_parameters,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def digest(folder) -> str:
+    h = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        h.update(str(path.relative_to(folder)).encode() + (path.read_bytes() if path.is_file() else b"/"))
+    return h.hexdigest()
+
+
+@pytest.fixture
+def saved(tmp_path):
+    model = tiny_model(NTK)
+    model.save_pretrained(tmp_path / "model")
+    return tmp_path / "model", model
+
+
+def test_dry_run_folder_is_the_upload_and_loads(saved, tmp_path):
+    src, model = saved
+    write_model_card(src, kind="extended", results=[{"rope_type": "ntk", "factor": 4, "length": 90, "perplexity": 3.0}])
+    before = digest(src)
+    out = push(src, "someone/tiny-ntk", dry_run=tmp_path / "dry")
+    assert digest(src) == before
+    assert sorted(p.name for p in (tmp_path / "dry").iterdir()) == sorted(p.name for p in src.iterdir())
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "dry" / name).read_bytes() == (src / name).read_bytes()
+    card = ModelCard.load(tmp_path / "dry" / "README.md")
+    assert 'from_pretrained("someone/tiny-ntk")' in card.text and "| ntk | 4 | 90 | 3 |" in card.text
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(IDS).logits, model(IDS).logits, rtol=0, atol=1e-5)
+
+
+def test_a_folder_without_card_gets_one_and_a_user_card_goes_up_unchanged(saved, tmp_path):
+    src, _ = saved
+    push(src, "tiny", dry_run=tmp_path / "a")
+    card = ModelCard.load(tmp_path / "a" / "README.md")
+    assert card.data.library_name == "transformers" and 'from_pretrained("tiny")' in card.text
+    assert not (src / "README.md").exists()
+    (src / "README.md").write_text("# mine\n")
+    push(src, "tiny", dry_run=tmp_path / "b")
+    assert (tmp_path / "b" / "README.md").read_text() == "# mine\n"
+
+
+def test_adapter_dry_run_loads_with_peft(tmp_path):
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    tiny_model().save_pretrained(tmp_path / "base")
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "base", rope_parameters=NTK)
+    adapter = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    adapter.save_pretrained(tmp_path / "adapter")  # leaves peft's placeholder README.md, which we may replace
+    push(tmp_path / "adapter", "someone/tiny-lora", dry_run=tmp_path / "dry")
+    card = ModelCard.load(tmp_path / "dry" / "README.md")
+    assert (
+        card.data.library_name == "peft" and 'AutoPeftModelForCausalLM.from_pretrained("someone/tiny-lora"' in card.text
+    )
+    fresh = AutoModelForCausalLM.from_pretrained(tmp_path / "base", rope_parameters=NTK)
+    loaded = PeftModel.from_pretrained(fresh, tmp_path / "dry").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(IDS).logits, adapter.eval()(IDS).logits, rtol=0, atol=1e-5)
+
+
+def test_bad_input(saved, tmp_path, capsys):
+    src, _ = saved
+    (tmp_path / "empty").mkdir()
+    assert main(["push", str(tmp_path / "empty"), "--repo-id", "a/b", "--dry-run", str(tmp_path / "x")]) == 2
+    assert "neither a saved model" in capsys.readouterr().err
+    assert main(["push", str(src), "--repo-id", "bad repo!!", "--dry-run", str(tmp_path / "x")]) == 2
+    assert "repo_id='bad repo!!'" in capsys.readouterr().err
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(
+        json.dumps({**config, "rope_parameters": {"rope_type": "bogus", "rope_theta": 1e4}})
+    )
+    assert main(["push", str(src), "--repo-id", "a/b", "--dry-run", str(tmp_path / "x")]) == 2
+    assert "rope_type='bogus'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_missing_token_and_unreachable_hub_change_nothing(saved, tmp_path, monkeypatch, capsys):
+    src, _ = saved
+    before = sorted(p.name for p in tmp_path.rglob("*")), digest(src)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
+    with pytest.raises(ValueError, match="no Hugging Face token"):
+        push(src, "someone/tiny")
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    with pytest.raises(HubError, match=f"127.0.0.1:{port}"):
+        push(src, "someone/tiny", token="hf_not_a_real_token")
+    assert main(["push", str(src), "--repo-id", "someone/tiny", "--token", "hf_fake"]) == 1
+    assert "pushing to 'someone/tiny'" in capsys.readouterr().err
+    assert (sorted(p.name for p in tmp_path.rglob("*")), digest(src)) == before
