@@ -1,0 +1,28 @@
+"""RoFormer's layout facts: query/key (with biases) rotate whole heads; its native layout is interleaved.
+
+Its runtime (hf_rope_ext.models.roformer) rotates the layout its config records, so a live RoFormer holds
+that layout in memory: converting one permutes its tensors in place of a load-time op.
+"""
+
+from . import HeadShape, LayoutFamily, Projection, checked, register_family
+
+
+def roformer_head_shape(config) -> HeadShape:
+    heads = config.num_attention_heads
+    if config.hidden_size % heads:
+        raise ValueError(f"hidden_size={config.hidden_size} is not a multiple of num_attention_heads={heads}")
+    head_dim = config.hidden_size // heads
+    return checked(HeadShape(heads, heads, head_dim, head_dim))
+
+
+ATTENTION = (Projection("attention.self.query", ("q",)), Projection("attention.self.key", ("k",)))
+
+ROFORMER = register_family(
+    LayoutFamily(
+        model_types=("roformer",),
+        projections=ATTENTION,
+        default_layout="interleaved",
+        loads_to_half=False,
+        head_shape=roformer_head_shape,
+    )
+)
