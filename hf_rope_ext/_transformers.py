@@ -9,10 +9,16 @@ for models that do not name one of this package's types.
 
 from __future__ import annotations
 
+import sys
+
 import torch
+from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
+from transformers.core_model_loading import ConversionOps, WeightConverter
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
+from transformers.modeling_utils import AttentionInterface
 
 from . import registry
+from .attention.dispatch import attend, attention_type_of, check_module
 from .frequencies.common import rope_setup
 
 
@@ -23,8 +29,6 @@ def _identity_frequencies(method: registry.RopeMethod):
         dim = rope_setup(config, layer_type).dim
         return torch.zeros(dim // 2, dtype=torch.float32, device=device), 1.0
 
-    init_fn.__name__ = f"hf_rope_ext_{method.name}_identity"
-    init_fn.method = method
     return init_fn
 
 
@@ -37,16 +41,181 @@ def _validator(method: registry.RopeMethod):
     return validate
 
 
+def _validated(method: registry.RopeMethod, compute):
+    """Validate the parameters each time the rotary module asks for frequencies.
+
+    Configs validate on construction, but ``from_pretrained(path, rope_parameters=...)`` sets the attribute after
+    the config was built; checking here makes bad input fail when the model is built, before any forward pass.
+    """
+
+    def init_fn(config, device=None, seq_len=None, layer_type=None):
+        params = config.rope_parameters[layer_type] if layer_type is not None else config.rope_parameters
+        ignore = set(getattr(config, "ignore_keys_at_rope_validation", None) or ())
+        registry.validate({k: v for k, v in params.items() if k not in ignore}, config)
+        return compute(config, device=device, seq_len=seq_len, layer_type=layer_type)
+
+    init_fn.__name__ = f"hf_rope_ext_{method.name}"
+    init_fn.method = method
+    return init_fn
+
+
 def init_function(method: registry.RopeMethod):
-    """What ``ROPE_INIT_FUNCTIONS`` holds for ``method``."""
-    return method.frequencies if method.kind == "frequency" else _identity_frequencies(method)
+    """What ``ROPE_INIT_FUNCTIONS`` holds for ``method``: its validated frequencies, or the identity."""
+    compute = method.frequencies if method.kind == "frequency" else _identity_frequencies(method)
+    return _validated(method, compute)
 
 
 def install() -> None:
     """Register every method of the registry into transformers (safe to call any number of times)."""
     for method in registry.methods():
         existing = ROPE_INIT_FUNCTIONS.get(method.name)
-        if existing is not None and getattr(existing, "method", method) is not method and existing is not method.frequencies:
+        if existing is not None and getattr(existing, "method", None) is not method:
             raise ValueError(f"transformers already has a rope_type {method.name!r}; hf_rope_ext will not replace it")
         ROPE_INIT_FUNCTIONS[method.name] = init_function(method)
         setattr(RotaryEmbeddingConfigMixin, f"_validate_{method.name}_rope_parameters", _validator(method))
+    install_layout_conversions()  # RoPE layout on load/save (issue 3)
+    install_attention_functions()  # attention-level rope types (issue 4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# RoPE layout on load and save (issue 3, owner: hf_rope_ext/layout). Extension point:
+# ``register_checkpoint_conversion_mapping``. For each family whose layout facts say ``loads_to_half`` (Llama,
+# Mistral, Qwen2, Qwen3, StableLM, Phi-3), every q/k row tensor passes through one op that permutes a checkpoint
+# written in ``config.rope_layout == "interleaved"`` to the half layout on load and back on save (transformers
+# applies the reverse op when saving). When the config records "half" (or nothing) the op returns the tensor
+# object itself, so stock models load and save bit-identically. Mappings transformers already has for a type are
+# kept: ours are appended to them.
+
+
+class RopeLayoutToHalf(ConversionOps):
+    """One projection's rows: checkpoint layout -> half on load (``on_load``), half -> checkpoint layout on save."""
+
+    def __init__(self, blocks: tuple[str, ...], on_load: bool = True):
+        self.blocks = tuple(blocks)
+        self.on_load = on_load
+
+    def __repr__(self):
+        return f"{type(self).__name__}(blocks={self.blocks}, on_load={self.on_load})"
+
+    @torch.no_grad()
+    def convert(self, input_dict, source_patterns, target_patterns, config=None, full_layer_name=None, **kwargs):
+        (tensors,) = input_dict.values()
+        tensor = tensors[0] if isinstance(tensors, list) else tensors
+        return {target_patterns[0]: self.permute(tensor, config, full_layer_name or target_patterns[0])}
+
+    def permute(self, tensor: torch.Tensor, config, key: str) -> torch.Tensor:
+        from .layout.permute import block_rows, permute_rows
+        from .models import family_of
+
+        config = _layout_config(config)
+        family = family_of(config.model_type)
+        stored = family.checkpoint_layout(config)
+        if stored == "half":
+            return tensor
+        shape = family.head_shape(config)
+        index = block_rows(self.blocks, shape, "half" if self.on_load else stored)
+        return permute_rows(tensor, index, key, self.blocks, shape)
+
+    @property
+    def reverse_op(self) -> ConversionOps:
+        return RopeLayoutToHalf(self.blocks, on_load=not self.on_load)
+
+
+def _layout_config(config):
+    """The config holding the family facts: the model's own, or the text config of a composite model."""
+    from .models import has_layout_facts
+
+    if has_layout_facts(getattr(config, "model_type", None)):
+        return config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else None
+    if not has_layout_facts(getattr(text, "model_type", None)):
+        raise ValueError(f"model_type={getattr(config, 'model_type', None)!r} has no RoPE layout facts")
+    return text
+
+
+def layout_converters(family) -> list[WeightConverter]:
+    """One-to-one converters (same key in and out) for every q/k weight and bias of ``family``."""
+    return [
+        WeightConverter(f"{p.module}.{param}", f"{p.module}.{param}", operations=[RopeLayoutToHalf(p.blocks)])
+        for p in family.projections
+        for param in ("weight", "bias")
+    ]
+
+
+def install_layout_conversions() -> None:
+    """Append the layout converters to each ``loads_to_half`` family's mapping (idempotent)."""
+    from .models import layout_families
+
+    for family in layout_families():
+        if not family.loads_to_half:
+            continue
+        for model_type in family.model_types:
+            existing = get_checkpoint_conversion_mapping(model_type) or []
+            if any(isinstance(op, RopeLayoutToHalf) for t in existing for op in getattr(t, "operations", ())):
+                continue
+            register_checkpoint_conversion_mapping(model_type, existing + layout_converters(family), overwrite=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Attention-level rope types (issue 4, owner: hf_rope_ext/attention). Extension point: ``AttentionInterface``.
+# The functions registered under "eager" and "sdpa" send a module whose rope_type is one of the package's
+# attention-level types to ``attention.attend``, which rotates and scores itself; any other module goes, with
+# the same arguments, to the stock function: transformers' own sdpa function, or for "eager" the
+# ``eager_attention_forward`` of the module's own modeling file (each family has its own). Every other
+# implementation registered at install time (flash-attention, flex, paged) is wrapped so that these types raise
+# a clear error instead of silently running without their score modification; other models pass straight through.
+
+_SUPPORTED_ATTENTION = ("eager", "sdpa")
+_FAMILY_EAGER: dict[type, object] = {}
+
+
+def _family_eager(module):
+    """The ``eager_attention_forward`` of the modeling file defining ``module``'s class (or a base class)."""
+    cls = type(module)
+    if cls not in _FAMILY_EAGER:
+        found = (getattr(sys.modules.get(c.__module__), "eager_attention_forward", None) for c in cls.__mro__)
+        function = next((f for f in found if f is not None), None)
+        if function is None:
+            raise RuntimeError(f"{cls.__module__} defines no eager_attention_forward for {cls.__name__}")
+        _FAMILY_EAGER[cls] = function
+    return _FAMILY_EAGER[cls]
+
+
+def _rope_attention(implementation: str, stock):
+    def attention(module, query, key, value, attention_mask, *args, **kwargs):
+        if attention_type_of(module) is None:
+            function = stock if stock is not None else _family_eager(module)
+            return function(module, query, key, value, attention_mask, *args, **kwargs)
+        return attend(implementation, module, query, key, value, attention_mask, *args, **kwargs)
+
+    attention.hf_rope_ext_stock = stock
+    attention.__name__ = f"hf_rope_ext_{implementation.replace('|', '_')}_attention"
+    return attention
+
+
+def _refusing_attention(implementation: str, stock):
+    def attention(module, *args, **kwargs):
+        name = attention_type_of(module)
+        if name is not None:
+            check_module(module, name, implementation)  # raises: this implementation cannot apply the type
+        return stock(module, *args, **kwargs)
+
+    attention.hf_rope_ext_stock = stock
+    attention.__name__ = f"hf_rope_ext_refusing_{implementation.replace('|', '_')}"
+    return attention
+
+
+def install_attention_functions() -> None:
+    """Register the attention functions (idempotent: functions already ours are left as they are)."""
+    mapping = AttentionInterface._global_mapping
+    for implementation in sorted(set(mapping) | set(_SUPPORTED_ATTENTION)):
+        current = mapping.get(implementation)
+        if current is not None and hasattr(current, "hf_rope_ext_stock"):
+            continue
+        wrap = _rope_attention if implementation in _SUPPORTED_ATTENTION else _refusing_attention
+        AttentionInterface.register(implementation, wrap(implementation, current))
+
+
+def stock_attention(implementation: str):
+    """The function transformers had under ``implementation`` before install (None for "eager": per family)."""
+    return getattr(AttentionInterface._global_mapping[implementation], "hf_rope_ext_stock", None)

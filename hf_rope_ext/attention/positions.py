@@ -1,0 +1,60 @@
+"""Positions of queries and of every key in the cache, and the masks of one query chunk.
+
+The KV cache holds keys *before* rotation, so each call needs the position of every cached key:
+- no cache (kv_len == q_len): key positions are the ``position_ids`` themselves (packed sequences with
+  restarting positions, left padding, shifted positions are all honoured);
+- with a cache (kv_len > q_len): cached keys are taken to hold consecutive positions ending at the newest
+  query's position, skipping the keys no query may see (padding). This is exactly what ``generate`` produces
+  (left padding included: positions = cumsum(attention_mask) - 1) and needs no state kept beside the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def query_positions(position_ids: torch.Tensor | None, batch: int, q_len: int) -> torch.Tensor:
+    """position_ids [1 or B, q_len] -> [B, q_len] int64; a clear error when the model did not pass them."""
+    if position_ids is None:
+        raise ValueError(
+            "position_ids=None: attention-level rope types need the position_ids the model passes to its "
+            "attention function (call the attention module through its model, or pass position_ids=...)"
+        )
+    if position_ids.ndim != 2 or position_ids.shape[-1] != q_len:
+        raise ValueError(
+            f"position_ids of shape {tuple(position_ids.shape)} do not fit {q_len} queries: expected [batch, {q_len}]"
+        )
+    return position_ids.expand(batch, q_len).long()
+
+
+def visible_keys(mask: torch.Tensor | None, batch: int, kv_len: int, device) -> torch.Tensor:
+    """[B, kv_len] bool: keys that at least one query of this call may attend (False: padding, empty slots)."""
+    if mask is None:
+        return torch.ones(batch, kv_len, dtype=torch.bool, device=device)
+    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    return allowed.any(dim=-2).any(dim=1).expand(batch, kv_len)
+
+
+def key_positions(q_pos: torch.Tensor, mask: torch.Tensor | None, kv_len: int) -> torch.Tensor:
+    """Positions [B, kv_len] of the keys of this call (see the module docstring for the rule with a cache)."""
+    batch, q_len = q_pos.shape
+    if kv_len == q_len:
+        return q_pos
+    if mask is not None and mask.shape[-1] != kv_len:
+        raise ValueError(f"attention mask with {mask.shape[-1]} key columns does not fit {kv_len} keys")
+    visible = visible_keys(mask, batch, kv_len, q_pos.device).long()
+    after = visible.sum(-1, keepdim=True) - visible.cumsum(-1)  # visible keys strictly after each key
+    return q_pos[:, -1:] - after
+
+
+def causal_rows(rows: slice, q_len: int, kv_len: int, device) -> torch.Tensor:
+    """[1, 1, c, kv_len] bool for query rows ``rows`` of a causal mask aligned to the end of the keys."""
+    i = torch.arange(rows.start, rows.stop, device=device)[:, None] + (kv_len - q_len)
+    return (torch.arange(kv_len, device=device)[None, :] <= i)[None, None]
+
+
+def chunk_mask(mask: torch.Tensor | None, causal: bool, rows: slice, q_len: int, kv_len: int, device):
+    """The mask of query rows ``rows``: a slice of the given mask, a built causal one, or None (all visible)."""
+    if mask is not None:
+        return mask[..., rows, :] if mask.shape[-2] > 1 else mask
+    return causal_rows(rows, q_len, kv_len, device) if causal else None

@@ -1,0 +1,48 @@
+"""Rotating queries, keys, values and outputs by arbitrary (integer or fractional) positions.
+
+Angles are formed in float64 (position * theta_i can reach 1e5 rad at 128k tokens, where float32 keeps only
+~1e-2 rad), then cos/sin are cast to float32 and applied by :func:`hf_rope_ext.rotary.apply_rotary`. The in-model
+layout is always ``"half"`` (pairs (i, i + d/2)); interleaved checkpoints are converted on load (layout.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..frequencies.common import inv_freq_for_base, rope_setup
+from ..rotary import apply_rotary
+
+LAYOUT = "half"
+
+
+def base_inv_freq(config, layer_type: str | None = None, device=None) -> torch.Tensor:
+    """theta_i = b^(-2i/d) of plain RoPE for this config (rotary dim d), shape [d/2], float64."""
+    setup = rope_setup(config, layer_type)
+    return inv_freq_for_base(setup.base, setup.dim, device, dtype=torch.float64)
+
+
+def cos_sin64(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, L] x inv_freq [d/2] -> cos, sin [B, 1, L, d] (half layout, head axis 1), float32."""
+    with torch.autocast(device_type=positions.device.type, enabled=False):
+        a = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device, torch.float64)
+        a = torch.cat((a, a), dim=-1)[:, None]
+        return a.cos().float(), a.sin().float()
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, H, L, head_dim] by positions [B, L]; dims past the rotary dim pass through (partial rotary)."""
+    cos, sin = cos_sin64(positions, inv_freq)
+    return apply_rotary(x, cos, sin, LAYOUT)
+
+
+def scale_pairs(x: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
+    """Multiply each rotary pair of x [B, H, L, head_dim] by exp(log_scale) [B, 1, L, d/2]; other dims unchanged."""
+    s = torch.exp(torch.cat((log_scale, log_scale), dim=-1)).float()
+    d = s.shape[-1]
+    scaled = (x[..., :d].float() * s).to(x.dtype)
+    return torch.cat((scaled, x[..., d:]), dim=-1) if x.shape[-1] > d else scaled
+
+
+def plain_rope(config, device=None, seq_len=None, layer_type=None):
+    """The frequencies an attention-level type rotates by (plain RoPE), in ROPE_INIT_FUNCTIONS' signature."""
+    return base_inv_freq(config, layer_type, device).float(), 1.0

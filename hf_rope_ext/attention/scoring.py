@@ -1,0 +1,73 @@
+"""What one attention-level method provides, and the table of them (name -> scorer).
+
+A scorer turns one layer call (unrotated q/k/v and positions) into score bands per query chunk:
+``prepare`` works on the whole call once (rotating keys, values), ``bands`` builds one query chunk's bands,
+``finish`` post-processes that chunk's attention output (RoPER rotates it back). Chunks keep the number of
+[c, kv] score matrices alive per layer bounded whatever the length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import registry
+from .kernel import Bands
+from .rotation import rotate
+
+
+@dataclass
+class Call:
+    """One layer call, heads expanded to the query heads (GQA keys/values repeated)."""
+
+    query: torch.Tensor  # [B, H, q, d], unrotated
+    key: torch.Tensor  # [B, H, kv, d], unrotated
+    value: torch.Tensor  # [B, H, kv, dv]
+    q_pos: torch.Tensor  # [B, q] int64
+    k_pos: torch.Tensor  # [B, kv] int64
+    inv_freq: torch.Tensor  # [r/2] float64, plain RoPE theta_i of the rotary dims r
+    params: dict  # this layer's rope_parameters (defaults filled in)
+    state: dict = field(default_factory=dict)  # what ``prepare`` computed for all chunks
+
+
+class Scorer:
+    """Plain RoPE scores; subclasses change the bands, the values or the output."""
+
+    bands_count: int = 1  # score matrices per chunk
+
+    def chunk_limit(self, call: Call) -> int | None:
+        """An upper bound on query rows per chunk that the method itself needs (None: memory decides)."""
+        return None
+
+    def segments(self, call: Call) -> list[tuple[int, int]]:
+        """Query row ranges that chunks must not straddle."""
+        return [(0, call.query.shape[2])]
+
+    def prepare(self, call: Call) -> None:
+        call.state["key"] = rotate(call.key, call.k_pos, call.inv_freq)
+        call.state["value"] = call.value
+
+    def bands(self, call: Call, rows: slice) -> Bands:
+        q = rotate(call.query[:, :, rows], call.q_pos[:, rows], call.inv_freq)
+        return Bands([q], [call.state["key"]])
+
+    def finish(self, call: Call, out: torch.Tensor, rows: slice) -> torch.Tensor:
+        return out
+
+
+SCORERS: dict[str, Scorer] = {}
+
+
+def register_attention(method: registry.RopeMethod, scorer: Scorer) -> registry.RopeMethod:
+    """Register an attention-level rope type: its registry entry and the scorer the attention function uses."""
+    if method.kind != "attention":
+        raise ValueError(f"rope_type {method.name!r} has kind={method.kind!r}; only 'attention' types have scorers")
+    registry.register(method)
+    SCORERS[method.name] = scorer
+    return method
+
+
+def filled(params: dict, method: registry.RopeMethod) -> dict:
+    """``params`` with this method's defaults for keys absent or None."""
+    return {**params, **{k: registry.param_value(params, method, k) for k in method.params}}

@@ -1,0 +1,72 @@
+"""``xpos``: xPos, ordinary RoPE scores times zeta_i^((m - n)/scale_base) per rotary pair i.
+
+zeta_i = (2i/d + gamma) / (1 + gamma). The absolute form (q times zeta^(m/s), k times zeta^(-n/s)) leaves the
+float range near 128k positions (zeta_0^(-256) ~ 1e139). Here both factors are taken relative to a reference r,
+the largest query position of the chunk: q times zeta^((m - r)/s) (>= 1, bounded because the chunk spans few
+positions) and k times zeta^((r - n)/s) (<= 1; keys after r are masked and get exponent 0). Their product is
+zeta^((m - n)/s) exactly; only factors whose true value is below the float range underflow to 0.
+Chunks never straddle a drop in position (packed sequences), so the span bound holds there too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..registry import Param, RopeMethod
+from .kernel import Bands
+from .params import FAMILIES, check_family
+from .rotation import plain_rope, rotate, scale_pairs
+from .scoring import Call, Scorer, register_attention
+
+
+def log_zeta(inv_freq: torch.Tensor, gamma: float) -> torch.Tensor:
+    """log zeta_i for the d/2 rotary pairs, float64, all < 0."""
+    two_i_over_d = torch.arange(inv_freq.shape[-1], device=inv_freq.device, dtype=torch.float64) / inv_freq.shape[-1]
+    return torch.log((two_i_over_d + gamma) / (1.0 + gamma))
+
+
+class XposScorer(Scorer):
+    def exponent_bound(self, dtype) -> float:
+        """The largest log query factor kept: a quarter of the dtype's range, so scores cannot overflow."""
+        return math.log(torch.finfo(dtype).max) / 4
+
+    def chunk_limit(self, call: Call) -> int:
+        """Rows per chunk such that zeta_0^(-(rows - 1)/scale_base) stays within the exponent bound."""
+        steepest = -float(log_zeta(call.inv_freq, float(call.params["gamma"]))[0])
+        return max(1, int(self.exponent_bound(call.query.dtype) * float(call.params["scale_base"]) / steepest))
+
+    def segments(self, call: Call) -> list[tuple[int, int]]:
+        """Query row ranges over which every batch row's positions never decrease."""
+        drops = (call.q_pos[:, 1:] < call.q_pos[:, :-1]).any(0).nonzero().flatten().tolist()
+        starts = [0] + [i + 1 for i in drops]
+        return list(zip(starts, starts[1:] + [call.q_pos.shape[1]], strict=True))
+
+    def bands(self, call: Call, rows: slice) -> Bands:
+        m, n = call.q_pos[:, rows], call.k_pos
+        ref = m.max(dim=-1, keepdim=True).values  # [B, 1]
+        logz, scale_base = log_zeta(call.inv_freq, float(call.params["gamma"])), float(call.params["scale_base"])
+        q_log = ((m - ref).double() / scale_base)[:, None, :, None] * logz  # [B, 1, c, d/2], >= 0
+        k_log = ((ref - n).clamp(min=0).double() / scale_base)[:, None, :, None] * logz  # [B, 1, kv, d/2], <= 0
+        q = rotate(call.query[:, :, rows], m, call.inv_freq)
+        q = scale_pairs(q, q_log.clamp(max=self.exponent_bound(call.query.dtype)))
+        return Bands([q], [scale_pairs(call.state["key"], k_log)])
+
+
+METHOD = register_attention(
+    RopeMethod(
+        name="xpos",
+        kind="attention",
+        frequencies=plain_rope,
+        params={
+            "scale_base": Param(default=512.0, exclusive_minimum=0, help="positions per decay step s"),
+            "gamma": Param(default=0.4, exclusive_minimum=0, help="zeta_i = (2i/d + gamma)/(1 + gamma)"),
+        },
+        summary="xPos: RoPE scores decayed by zeta_i^((m-n)/scale_base) per pair (needs a model trained with it)",
+        check=check_family,
+        families=FAMILIES,
+        training_free=False,
+    ),
+    XposScorer(),
+)
