@@ -19,6 +19,7 @@ from transformers.modeling_utils import AttentionInterface
 
 from . import registry
 from .attention.dispatch import attend, attention_type_of, check_module
+from .attention.scoring import routes_through_attention
 from .frequencies.common import rope_setup
 
 
@@ -59,9 +60,20 @@ def _validated(method: registry.RopeMethod, compute):
     return init_fn
 
 
+def _routed(method: registry.RopeMethod):
+    """Identity where the attention function rotates for this type and config, the real frequencies elsewhere."""
+    identity = _identity_frequencies(method)
+
+    def compute(config, device=None, seq_len=None, layer_type=None):
+        use = identity if routes_through_attention(method.name, config) else method.frequencies
+        return use(config, device=device, seq_len=seq_len, layer_type=layer_type)
+
+    return compute
+
+
 def init_function(method: registry.RopeMethod):
-    """What ``ROPE_INIT_FUNCTIONS`` holds for ``method``: its validated frequencies, or the identity."""
-    compute = method.frequencies if method.kind == "frequency" else _identity_frequencies(method)
+    """What ``ROPE_INIT_FUNCTIONS`` holds for ``method``: validated frequencies, or the identity (see ``_routed``)."""
+    compute = method.frequencies if method.kind == "frequency" and not method.dynamic else _routed(method)
     return _validated(method, compute)
 
 
@@ -205,10 +217,14 @@ def _refusing_attention(implementation: str, stock):
     return attention
 
 
+_WRAPPED: set[str] = set()  # the implementations found at the first install; later registrations are the user's
+
+
 def install_attention_functions() -> None:
     """Register the attention functions (idempotent: functions already ours are left as they are)."""
     mapping = AttentionInterface._global_mapping
-    for implementation in sorted(set(mapping) | set(_SUPPORTED_ATTENTION)):
+    _WRAPPED.update(_WRAPPED or set(mapping) | set(_SUPPORTED_ATTENTION))
+    for implementation in sorted(_WRAPPED):
         current = mapping.get(implementation)
         if current is not None and hasattr(current, "hf_rope_ext_stock"):
             continue

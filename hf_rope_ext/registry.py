@@ -100,6 +100,11 @@ def methods() -> list[RopeMethod]:
     return [_METHODS[n] for n in sorted(_METHODS)]
 
 
+def registered() -> list[RopeMethod]:
+    """The methods registered so far, without importing the method packages (for use during their import)."""
+    return list(_METHODS.values())
+
+
 def _load_methods() -> None:
     from . import attention, frequencies  # noqa: F401  (importing the packages registers their modules)
 

@@ -8,6 +8,7 @@ from conftest import FAMILIES, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from hf_rope_ext import registry
+from hf_rope_ext.attention.scoring import routes_through_attention
 
 FREQUENCY_METHODS = [m for m in registry.methods() if m.kind == "frequency"]
 IDS = [m.name for m in FREQUENCY_METHODS]
@@ -25,6 +26,8 @@ def test_family_builds_with_type_and_uses_its_frequencies(method, family):
     params = registry.example_parameters(method)
     model = tiny_model(family, params)
     expected, scale = method.frequencies(model.config)
+    if routes_through_attention(method.name, model.config):  # rotated inside the attention function instead
+        expected, scale = torch.zeros_like(expected), 1.0
     torch.testing.assert_close(model.model.rotary_emb.inv_freq, expected, rtol=0, atol=0)
     assert model.model.rotary_emb.attention_scaling == scale
     assert torch.isfinite(logits(model)).all()
@@ -45,7 +48,7 @@ def test_save_and_reload_keep_type_frequencies_and_logits(method, family, tmp_pa
 def test_from_pretrained_with_rope_parameters_patches_a_stock_checkpoint(method, tmp_path):
     from hf_rope_ext import rope_parameters_for
 
-    tiny_model("llama").save_pretrained(tmp_path)
+    tiny_model("qwen2").save_pretrained(tmp_path)  # a family whose rotary module computes every type itself
     params = registry.example_parameters(method)
     model = AutoModelForCausalLM.from_pretrained(tmp_path, rope_parameters=rope_parameters_for(tmp_path, **params))
     assert model.config.rope_parameters["rope_type"] == method.name
@@ -62,16 +65,36 @@ def test_legacy_rope_scaling_spelling_gives_the_same_frequencies(method):
     torch.testing.assert_close(method.frequencies(old)[0], method.frequencies(new)[0], rtol=0, atol=0)
 
 
-def test_dynamic_yarn_model_equals_unscaled_inside_l0_and_yarn_beyond():
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # rotated in the attention function / by the rotary module
+def test_dynamic_yarn_model_equals_unscaled_inside_l0_and_yarn_beyond(family):
+    dyn = tiny_model(family, {"rope_type": "dynamic_yarn"}, max_position_embeddings=16)
+    plain = tiny_model(family, None, max_position_embeddings=16)
+    torch.testing.assert_close(logits(dyn, length=16), logits(plain, length=16), rtol=1e-5, atol=1e-5)
+    yarn_params = {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 16}
+    yarn = tiny_model(family, yarn_params, max_position_embeddings=16)
+    torch.testing.assert_close(logits(dyn, length=48), logits(yarn, length=48), rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_yarn_returns_to_unscaled_after_a_long_input():
+    """transformers' dynamic updater restores inv_freq but not the attention factor; the attention path has no state."""
     dyn = tiny_model("llama", {"rope_type": "dynamic_yarn"}, max_position_embeddings=16)
     plain = tiny_model("llama", None, max_position_embeddings=16)
-    torch.testing.assert_close(logits(dyn, length=16), logits(plain, length=16), rtol=0, atol=0)
-    yarn = tiny_model(
-        "llama",
-        {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 16},
-        max_position_embeddings=16,
-    )
-    torch.testing.assert_close(logits(dyn, length=48), logits(yarn, length=48), rtol=1e-5, atol=1e-5)
+    logits(dyn, length=48)
+    torch.testing.assert_close(logits(dyn, length=12), logits(plain, length=12), rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_yarn_cache_rerotates_keys_with_the_frequencies_in_force():
+    """One layer: K/V come from embeddings only, so each cached decoding step equals recomputing its whole prefix,
+    whose factor is the prefix length / L0, even though the cache holds keys from steps with smaller factors."""
+    model = tiny_model("llama", {"rope_type": "dynamic_yarn"}, max_position_embeddings=8, num_hidden_layers=1)
+    prompt = torch.randint(3, 97, (1, 6))
+    with torch.no_grad():
+        cached = model.generate(
+            prompt, max_new_tokens=20, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
+        ends = range(prompt.shape[1], cached.sequences.shape[1])
+        recomputed = torch.stack([model(cached.sequences[:, :end]).logits[:, -1] for end in ends], 1)
+    torch.testing.assert_close(torch.stack(cached.logits, 1), recomputed, rtol=1e-4, atol=1e-5)
 
 
 def test_stock_types_untouched_by_import():

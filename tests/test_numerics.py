@@ -18,7 +18,8 @@ FP32_ANGLE_ERROR = 1.6e-2
 
 @pytest.mark.parametrize("method", [m for m in registry.methods() if m.kind == "frequency"], ids=lambda m: m.name)
 def test_bf16_cos_sin_match_fp32_reference_past_100k(method, tmp_path):
-    tiny_model("llama", registry.example_parameters(method), max_position_embeddings=32768).save_pretrained(tmp_path)
+    # qwen2: a family whose rotary module computes every frequency type itself (none routed to attention)
+    tiny_model("qwen2", registry.example_parameters(method), max_position_embeddings=32768).save_pretrained(tmp_path)
     model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
     rope = model.model.rotary_emb
     assert rope.inv_freq.dtype == torch.float32  # frequencies stay fp32 in a bf16 model

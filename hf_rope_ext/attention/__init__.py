@@ -5,7 +5,7 @@ unrotated keys), ``kernel`` (eager / sdpa over one or two score bands), ``scorin
 ``windowed`` (the two-band distance methods), ``rotation`` (float64-angle rotations).
 """
 
-from . import leaky_rerope, rerope, roper, self_extend, xpos  # noqa: F401  (each registers its rope_type)
+from . import dynamic, leaky_rerope, rerope, roper, self_extend, xpos  # noqa: F401  (each registers its rope_type)
 from .dispatch import attend, attention_type_of
 from .scoring import SCORERS
 

@@ -12,8 +12,7 @@ import torch
 from .. import registry
 from .kernel import KERNELS
 from .positions import chunk_mask, key_positions, query_positions
-from .rotation import base_inv_freq
-from .scoring import SCORERS, Call, filled
+from .scoring import SCORERS, Call, filled, routes_through_attention
 
 SCORE_BUDGET = 2**26  # score elements per band and query chunk (256 MiB in float32), whatever the input length
 
@@ -40,7 +39,7 @@ def attention_type_of(module) -> str | None:
     if found is None or found[0] is None:
         return None
     name = found[0].get("rope_type", found[0].get("type"))
-    return name if name in SCORERS else None
+    return name if name in SCORERS and routes_through_attention(name, module.config) else None
 
 
 def check_module(module, name: str, implementation: str) -> registry.RopeMethod:
@@ -75,14 +74,15 @@ def chunk_rows(scorer, call: Call, bands: int) -> list[slice]:
 
 
 def make_call(module, name, query, key, value, mask, position_ids) -> Call:
-    """Positions of queries and keys, kv heads expanded, the layer's plain-RoPE frequencies."""
+    """Positions of queries and keys, kv heads expanded, the frequencies the layer's scorer rotates by."""
     rope, layer_type = layer_rope(module)
     batch, heads, q_len, _ = query.shape
     q_pos = query_positions(position_ids, batch, q_len)
     k_pos = key_positions(q_pos, mask, key.shape[2])
-    inv_freq = base_inv_freq(module.config, layer_type, query.device)
+    inv_freq, score_scale = SCORERS[name].frequencies(module.config, layer_type, q_pos, k_pos, query.device)
     params = filled(rope, registry.get_method(name))
-    return Call(query, expand_heads(key, heads), expand_heads(value, heads), q_pos, k_pos, inv_freq, params)
+    expanded_key, expanded_value = expand_heads(key, heads), expand_heads(value, heads)
+    return Call(query, expanded_key, expanded_value, q_pos, k_pos, inv_freq, params, score_scale)
 
 
 def refuse_extras(name: str, kwargs: dict) -> None:
@@ -123,6 +123,6 @@ def attend(implementation: str, module, query, key, value, attention_mask, scali
     scorer = SCORERS[name]
     scorer.prepare(call)
     causal = kwargs.get("is_causal") if kwargs.get("is_causal") is not None else getattr(module, "is_causal", True)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scale = (scaling if scaling is not None else query.shape[-1] ** -0.5) * call.score_scale
     out = run_chunks(implementation, scorer, call, attention_mask, causal, scale, dropout, module.training)
     return out.transpose(1, 2).contiguous(), None

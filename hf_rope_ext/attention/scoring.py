@@ -14,7 +14,7 @@ import torch
 
 from .. import registry
 from .kernel import Bands
-from .rotation import rotate
+from .rotation import base_inv_freq, rotate
 
 
 @dataclass
@@ -28,6 +28,7 @@ class Call:
     k_pos: torch.Tensor  # [B, kv] int64
     inv_freq: torch.Tensor  # [r/2] float64, plain RoPE theta_i of the rotary dims r
     params: dict  # this layer's rope_parameters (defaults filled in)
+    score_scale: float = 1.0  # multiplies the softmax scale (a dynamic type's attention factor, squared)
     state: dict = field(default_factory=dict)  # what ``prepare`` computed for all chunks
 
 
@@ -35,6 +36,10 @@ class Scorer:
     """Plain RoPE scores; subclasses change the bands, the values or the output."""
 
     bands_count: int = 1  # score matrices per chunk
+
+    def frequencies(self, config, layer_type, q_pos, k_pos, device) -> tuple[torch.Tensor, float]:
+        """(theta_i [r/2] float64, score scale) this call rotates by: plain RoPE for the attention-level types."""
+        return base_inv_freq(config, layer_type, device), 1.0
 
     def chunk_limit(self, call: Call) -> int | None:
         """An upper bound on query rows per chunk that the method itself needs (None: memory decides)."""
@@ -71,3 +76,18 @@ def register_attention(method: registry.RopeMethod, scorer: Scorer) -> registry.
 def filled(params: dict, method: registry.RopeMethod) -> dict:
     """``params`` with this method's defaults for keys absent or None."""
     return {**params, **{k: registry.param_value(params, method, k) for k in method.params}}
+
+
+def routes_through_attention(name: str, config) -> bool:
+    """Whether ``name`` on this config rotates inside the attention function (identity in the rotary module).
+
+    Attention-level types always do. The package's dynamic frequency types do on the families whose attention
+    modules the attention function serves, so cached (unrotated) keys are re-rotated with the frequencies in
+    force; elsewhere they run through transformers' own dynamic updater.
+    """
+    from .params import FAMILIES
+
+    method = registry.get_method(name)
+    if method.kind == "attention":
+        return True
+    return method.dynamic and getattr(config, "model_type", None) in FAMILIES and name in SCORERS
