@@ -81,7 +81,8 @@ def install() -> None:
     """Register every method of the registry into transformers (safe to call any number of times)."""
     for method in registry.methods():
         existing = ROPE_INIT_FUNCTIONS.get(method.name)
-        if existing is not None and getattr(existing, "method", None) is not method:
+        # an entry of another hf_rope_ext copy (a --remote-code export's vendored package) gives way to this one
+        if existing is not None and getattr(existing, "method", None) is None:
             raise ValueError(f"transformers already has a rope_type {method.name!r}; hf_rope_ext will not replace it")
         ROPE_INIT_FUNCTIONS[method.name] = init_function(method)
         setattr(RotaryEmbeddingConfigMixin, f"_validate_{method.name}_rope_parameters", _validator(method))

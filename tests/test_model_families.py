@@ -140,3 +140,23 @@ def test_from_pretrained_without_base_is_refused_and_rope_parameters_for_keeps_i
     torch.testing.assert_close(
         model.model.rotary_emb.inv_freq, registry.get_method("ntk_by_parts").frequencies(model.config)[0]
     )
+
+
+def test_install_replaces_another_copy_of_the_package_but_not_a_foreign_type(monkeypatch):
+    """A --remote-code export vendors the package; importing the real one afterwards takes over its entries."""
+    from dataclasses import replace
+
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from hf_rope_ext._transformers import install
+
+    ours = ROPE_INIT_FUNCTIONS["ntk"]
+    vendored = lambda *a, **k: None  # noqa: E731
+    vendored.method = replace(registry.get_method("ntk"))
+    monkeypatch.setitem(ROPE_INIT_FUNCTIONS, "ntk", vendored)
+    install()
+    assert ROPE_INIT_FUNCTIONS["ntk"].method is registry.get_method("ntk") and ROPE_INIT_FUNCTIONS["ntk"] is not ours
+    monkeypatch.setitem(ROPE_INIT_FUNCTIONS, "ntk", lambda *a, **k: None)
+    with pytest.raises(ValueError, match="already has a rope_type 'ntk'"):
+        install()
+    monkeypatch.setitem(ROPE_INIT_FUNCTIONS, "ntk", ours)
