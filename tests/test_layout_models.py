@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, RoFormerConfig, RoFormerModel
 
 from hf_rope_ext import convert_layout, registry
+from hf_rope_ext.attention.scoring import routes_through_attention
 from hf_rope_ext.registry import REQUIRED
 
 IDS = torch.tensor([[5, 17, 3, 88, 42, 9, 61, 23, 7, 30, 11, 2]])
@@ -194,8 +195,10 @@ def test_interleaved_runtime_for_every_rope_type(rope_type, tmp_path):
     torch.testing.assert_close(logits(loaded), logits(stock), rtol=0, atol=0)
     if rope_type in FREQUENCY_LEVEL:  # Meta's forward on the interleaved file itself
         inter = load_file(tmp_path / "inter" / "model.safetensors")
-        rotary = loaded.model.rotary_emb
-        ref = meta_llama_logits(inter, loaded.config, IDS, rotary.inv_freq, rotary.attention_scaling)
+        inv_freq, scale = loaded.model.rotary_emb.inv_freq, loaded.model.rotary_emb.attention_scaling
+        if routes_through_attention(rope_type, loaded.config):  # dynamic_yarn: rotated in the attention function
+            inv_freq, scale = registry.get_method(rope_type).frequencies(loaded.config, seq_len=IDS.shape[1])
+        ref = meta_llama_logits(inter, loaded.config, IDS, inv_freq, scale)
         torch.testing.assert_close(logits(loaded), ref, rtol=1e-5, atol=1e-5)
 
 

@@ -14,13 +14,13 @@ import torch
 from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import (
     AutoModelForMaskedLM,
-    LlamaConfig,
+    Qwen2Config,
     RoFormerConfig,
     RoFormerForCausalLM,
     RoFormerForMaskedLM,
     RoFormerForSequenceClassification,
 )
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 from transformers.models.roformer import modeling_roformer
 
 from hf_rope_ext import registry
@@ -200,17 +200,19 @@ def test_rope_theta_equals_table_with_that_base(overrides):
 @pytest.mark.parametrize("length", [MAX_POS // 2, 4 * MAX_POS])
 @pytest.mark.parametrize("rope_type", FREQUENCY_TYPES + ["dynamic_yarn-L0"])
 def test_rows_match_transformers_rotary_embedding(rope_type, length):
-    """RoFormer's rows equal transformers' own cos/sin (Llama's rotary module), within and past the table."""
+    """RoFormer's rows equal transformers' own cos/sin (a stock rotary module), within and past the table."""
     if rope_type == "dynamic_yarn-L0":  # L0 below max_position_embeddings: transformers keeps s = max/L0 up to max
         params = {"rope_type": "dynamic_yarn", "original_max_position_embeddings": MAX_POS // 4}
     else:
         params = example(rope_type)
     model = build(rope_parameters=dict(params))
     rows = model.roformer.encoder.embed_positions((1, length), 0)
-    llama = LlamaConfig(
+    # Qwen2's rotary module: a family whose rotary computes every frequency type itself (Llama's leaves the
+    # package's dynamic types to the attention function)
+    qwen2 = Qwen2Config(
         hidden_size=HIDDEN, num_attention_heads=HEADS, max_position_embeddings=MAX_POS, rope_parameters=dict(params)
     )
-    cos, sin = LlamaRotaryEmbedding(llama)(torch.zeros(1, dtype=torch.float32), torch.arange(length)[None])
+    cos, sin = Qwen2RotaryEmbedding(qwen2)(torch.zeros(1, dtype=torch.float32), torch.arange(length)[None])
     half = HEAD_DIM // 2
     expected = torch.cat((sin[0, :, :half], cos[0, :, :half]), dim=-1)
     torch.testing.assert_close(rows, expected, atol=2e-5, rtol=1e-5)

@@ -87,7 +87,7 @@ def routes_through_attention(name: str, config) -> bool:
     """
     from .params import FAMILIES
 
+    if name not in SCORERS:  # transformers' own types and the static frequency types
+        return False
     method = registry.get_method(name)
-    if method.kind == "attention":
-        return True
-    return method.dynamic and getattr(config, "model_type", None) in FAMILIES and name in SCORERS
+    return method.kind == "attention" or getattr(config, "model_type", None) in FAMILIES
