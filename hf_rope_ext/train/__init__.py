@@ -1,0 +1,13 @@
+"""Long-context LoRA fine-tuning with peft + accelerate + datasets (``hf-rope-ext finetune``).
+
+``finetune(FinetuneConfig(...))`` runs a job end to end; ``load_adapter(path)`` loads its output on the base with
+the extended rope parameters. Modules: ``data`` (text -> packed rows), ``positions`` (contiguous / PoSE / random
+position ids), ``model`` (base + target rope config, checks), ``lora`` (peft setup), ``loop`` (accelerate loop,
+checkpoints), ``evaluate`` (perplexity), ``prepare`` (one job's state and outputs), ``finetune`` (the glue).
+"""
+
+from .finetune import FinetuneConfig, finetune, parse_stages
+from .positions import SCHEDULES, position_ids
+from .prepare import load_adapter
+
+__all__ = ["FinetuneConfig", "finetune", "load_adapter", "parse_stages", "position_ids", "SCHEDULES"]

@@ -1,0 +1,203 @@
+"""One fine-tuning job between its checks and its outputs: accelerator, tokenizer, extended model, packed stages,
+before/after measurements, and the files written at the end (adapter, config, tokenizer, card, merged model)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .finetune import (
+    MERGED_DIR,
+    RESULTS_FILE,
+    FinetuneConfig,
+    load_text,
+    packed_stages,
+    plan_stages,
+    settings_of,
+    training_summary,
+)
+from .lora import apply_lora
+from .model import attention_implementation, check_fp16, extended_config, load_model, resolve_precision
+
+MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+
+
+@dataclass
+class Job:
+    cfg: FinetuneConfig
+    accelerator: object
+    tokenizer: object
+    config: object
+    model: object
+    stages: list
+    datasets: list
+    settings: object
+    eval_documents: list | None = None  # token id tensors of the held-out text
+    results: list = field(default_factory=list)
+
+    def attach_lora(self):
+        """Wrap the model in a LoRA PeftModel (seeded, so two runs with one seed start from the same adapter)."""
+        from accelerate.utils import set_seed
+
+        set_seed(self.cfg.seed)
+        cfg = self.cfg
+        self.model = apply_lora(
+            self.model,
+            rank=cfg.rank,
+            alpha=cfg.alpha,
+            dropout=cfg.dropout,
+            target_modules=cfg.target_modules,
+            train_embeddings=cfg.train_embeddings,
+            train_norms=cfg.train_norms,
+        )
+        if cfg.grad_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model.config.use_cache = False
+        return self.model
+
+    def measure(self, label: str, model=None) -> list[dict]:
+        """The evaluation harness at each --eval-lengths (perplexity, passkey when asked); records kept for the card."""
+        if not self.cfg.eval_lengths:
+            return []
+        from ..eval import EvalPlan, evaluate_model
+
+        cfg, params = self.cfg, self.config.rope_parameters
+        plan = EvalPlan(
+            lengths=tuple(cfg.eval_lengths),
+            documents=cfg.eval_rows,
+            last_chunk=128 if min(cfg.eval_lengths) > 128 else None,
+            passkey_depths=cfg.passkey_depths,
+            generate=False,
+            seed=cfg.seed,
+        )
+        model = model or self.model
+        was_training = model.training
+        records = evaluate_model(
+            model.eval(),
+            self.tokenizer,
+            self.eval_documents,
+            plan,
+            params["rope_type"],
+            params.get("factor"),
+            progress=self.accelerator.is_local_main_process,
+        )
+        model.train(was_training)
+        records = [{**r, "when": label} for r in records]
+        self.results += records
+        return records
+
+    def save(self, out: Path, model, rows: list[dict], log_dir: Path) -> dict:
+        """Adapter, extended config, tokenizer, results and card; the merged model on request. ``model`` is the
+        accelerate-prepared one: its state dict is gathered on every process (FSDP, ZeRO-3), written by the main."""
+        acc = self.accelerator
+        state = acc.get_state_dict(model)
+        acc.unwrap_model(model).save_pretrained(str(out), state_dict=state, is_main_process=acc.is_main_process)
+        if acc.is_main_process:
+            self.config.save_pretrained(str(out))
+            self.tokenizer.save_pretrained(str(out))
+            (out / RESULTS_FILE).write_text(json.dumps(self.results, indent=2), encoding="utf-8")
+            self.card(out, "adapter")
+        merged = self.merge(out) if self.cfg.merge and acc.is_main_process else None
+        acc.wait_for_everyone()
+        return {"out": str(out), "log": str(log_dir), "results": self.results, "rows": rows, "merged": merged}
+
+    def merge(self, out: Path) -> str:
+        """Merge from the files just written (base in its saved dtype + adapter, on the CPU), so that sharded
+        training states need no gathering and the saved adapter is what gets merged; the config keeps the rope."""
+        target = out / MERGED_DIR
+        merged = load_adapter(str(out)).merge_and_unload()
+        merged.config.use_cache = True
+        merged.save_pretrained(str(target))
+        self.tokenizer.save_pretrained(str(target))
+        self.card(target, "extended")
+        return str(target)
+
+    def card(self, directory: Path, kind: str) -> None:
+        from ..cards import write_model_card
+
+        labelled = [{**r, "rope_type": f"{r['rope_type']} ({r['when']})"} for r in self.results]
+        write_model_card(
+            directory,
+            kind=kind,
+            base_model=self.cfg.model,
+            rope_parameters=self.config.rope_parameters,
+            rope_layout=getattr(self.config, "rope_layout", "half"),
+            results=labelled or None,
+            training=training_summary(self.cfg),
+            notes=LOAD_NOTE if kind == "adapter" else None,
+        )
+
+
+LOAD_NOTE = (
+    "The adapter folder holds the extended `config.json`. Load it with `hf_rope_ext.train.load_adapter(path)`, or "
+    "`AutoPeftModelForCausalLM.from_pretrained(path, config=AutoConfig.from_pretrained(path))` after "
+    "`import hf_rope_ext`, so that the base model is built with the rope parameters it was fine-tuned with."
+)
+
+
+def make_accelerator(cfg: FinetuneConfig, precision: str, log_dir: Path):
+    """Accelerator with the run's mixed precision and accumulation; TensorBoard tracking when it is installed."""
+    from accelerate import Accelerator
+
+    tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else None
+    accelerator = Accelerator(
+        mixed_precision=MIXED[precision],
+        gradient_accumulation_steps=cfg.grad_accum,
+        log_with=tracker,
+        project_dir=str(log_dir),
+    )
+    if accelerator.gradient_accumulation_steps != cfg.grad_accum:  # a DeepSpeed config's value wins in accelerate
+        raise ValueError(
+            f"--grad-accum {cfg.grad_accum} but the accelerate config sets gradient_accumulation_steps="
+            f"{accelerator.gradient_accumulation_steps}; make them equal"
+        )
+    return accelerator
+
+
+def prepare_run(cfg: FinetuneConfig) -> Job:
+    """Every check that can fail, in order, before anything is written: rope type and length, data, fp16 range.
+
+    The Accelerator is created last: accelerate fixes its mixed precision once per process.
+    """
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+    from transformers import AutoTokenizer
+
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # the launcher's device and process count
+    precision = resolve_precision(cfg.precision, state.device)
+    cfg.model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model  # recorded in the adapter
+    config = extended_config(cfg.model, cfg.rope_type, cfg.length, cfg.factor, cfg.rope_extra)
+    stages = plan_stages(cfg, _base_length(cfg.model))
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    train_text, eval_documents = load_text(cfg, tokenizer)
+    datasets = packed_stages(train_text, stages, cfg.packing, cfg.batch_size * cfg.grad_accum * state.num_processes)
+    model = load_model(cfg.model, config, precision, attention_implementation(cfg.rope_type, state.device))
+    model = model.to(state.device)
+    if precision == "fp16":
+        check_fp16(model, torch.tensor(datasets[0][:1]["input_ids"], device=state.device))
+    log_dir = Path(cfg.log_dir) if cfg.log_dir else Path(cfg.out) / "logs"
+    accelerator = make_accelerator(cfg, precision, log_dir)
+    return Job(cfg, accelerator, tokenizer, config, model, stages, datasets, settings_of(cfg), eval_documents)
+
+
+def _base_length(path: str) -> int:
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(path).max_position_embeddings)
+
+
+def load_adapter(path: str, base: str | None = None, **kwargs):
+    """A fine-tuned adapter on its base, built with the adapter folder's (extended) config."""
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    base = (
+        base or json.loads((Path(path) / "adapter_config.json").read_text(encoding="utf-8"))["base_model_name_or_path"]
+    )
+    model = AutoModelForCausalLM.from_pretrained(base, config=config, **kwargs)
+    return PeftModel.from_pretrained(model, path)
