@@ -80,7 +80,9 @@ def write_model_card(
         "training_table": key_value_table(training, ("hyperparameter", "value")),
         "notes": notes or "",
         "remote_code": _has_auto_map(directory),
-        "snippet": usage_snippet(kind, model_id, params, rope_layout, _has_auto_map(directory)),
+        "snippet": usage_snippet(
+            kind, model_id, params, rope_layout, _has_auto_map(directory), (Path(directory) / "config.json").is_file()
+        ),
     }
     data = card_data(kind, base_model, params, license, tags)
     card = ModelCard.from_template(data, template_path=str(templates_dir() / f"{kind}.md"), **context)
@@ -122,8 +124,21 @@ def is_repo_id(name: str | None) -> bool:
     return True
 
 
-def usage_snippet(kind: str, model_id: str, params: dict, rope_layout: str, remote_code: bool) -> str:
+def usage_snippet(
+    kind: str, model_id: str, params: dict, rope_layout: str, remote_code: bool, has_config: bool = False
+) -> str:
     """Python that loads the folder (or repo) exactly as written."""
+    if kind == "adapter" and has_config:  # the extended base config (rope parameters, max length) sits beside it
+        return (
+            "import hf_rope_ext  # registers the rope types into transformers\n"
+            "from peft import PeftConfig, PeftModelForCausalLM\n"
+            "from transformers import AutoConfig, AutoModelForCausalLM\n\n"
+            f"adapter = {json.dumps(model_id)}\n"
+            "base = PeftConfig.from_pretrained(adapter).base_model_name_or_path\n"
+            "config = AutoConfig.from_pretrained(adapter)  # the extended base config saved beside the adapter\n"
+            "base_model = AutoModelForCausalLM.from_pretrained(base, config=config)\n"
+            "model = PeftModelForCausalLM.from_pretrained(base_model, adapter)"
+        )
     if kind == "adapter":
         extra = f", rope_parameters={params!r}" if params else ""
         extra += f", rope_layout={rope_layout!r}" if rope_layout != "half" else ""

@@ -91,7 +91,8 @@ def test_extended_card_parses_and_snippet_loads_in_fresh_process(extended, tmp_p
     assert run_snippet(snippet_of(readme), check).strip() == "ntk"
 
 
-def test_adapter_card_snippet_loads_base_with_its_rope_parameters(tmp_path):
+@pytest.mark.parametrize("with_config", [False, True], ids=["bare-adapter", "adapter-with-extended-config"])
+def test_adapter_card_snippet_loads_base_with_its_rope_parameters(tmp_path, with_config):
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
@@ -99,6 +100,8 @@ def test_adapter_card_snippet_loads_base_with_its_rope_parameters(tmp_path):
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "base", rope_parameters=NTK)
     peft_model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     peft_model.save_pretrained(tmp_path / "adapter")  # peft writes its placeholder README.md: ours may replace it
+    if with_config:  # as `hf-rope-ext finetune` writes it: the extended base config beside the adapter
+        base.config.save_pretrained(tmp_path / "adapter")
     readme = write_model_card(
         tmp_path / "adapter", kind="adapter", base_model=str(tmp_path / "base"), rope_parameters=NTK
     )
