@@ -9,6 +9,12 @@ import sys
 # subcommand name -> module under hf_rope_ext.cli (modules import heavy libraries inside run(), not at import)
 COMMANDS = {
     "list": "list_types",
+    "eval": "eval_cmd",
+    "extend": "extend",
+    "convert-layout": "convert_layout",
+    "finetune": "finetune",
+    "export": "export",
+    "push": "push",
 }
 
 

@@ -1,0 +1,106 @@
+"""Load a causal LM with a rope type applied, the package's user-facing way: ``from_pretrained(rope_parameters=...)``.
+
+``rope_parameters_for`` builds the dict: the saved ``rope_theta``, ``factor`` where the type takes one, and
+``original_max_position_embeddings`` set to the model's pretraining length (L0) where the type takes it.
+``max_position_embeddings`` is left as saved: transformers' ``dynamic`` reads it as L0.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .. import registry
+
+NONE_TYPES = (None, "none", "default")  # "the model as saved"
+ORIGINAL = "original_max_position_embeddings"
+
+
+def accepted_keys(rope_type: str) -> dict[str, bool]:
+    """Keys ``rope_type`` takes besides rope_type/rope_theta -> whether each is required. KeyError if unknown."""
+    if rope_type in registry.BUILTIN_TYPES:
+        spec = registry.BUILTIN_TYPES[rope_type]
+        return {key: default is registry.REQUIRED for key, default in spec.items()}
+    method = registry.get_method(rope_type)
+    common = {"partial_rotary_factor": False, "type": False}
+    return {**common, **{key: p.default is registry.REQUIRED for key, p in method.params.items()}}
+
+
+def pretraining_length(config) -> int:
+    """L0: the saved ``original_max_position_embeddings`` if any, else ``max_position_embeddings``."""
+    saved = (getattr(config, "rope_parameters", None) or {}).get(ORIGINAL)
+    return int(saved or config.max_position_embeddings)
+
+
+def rope_parameters_for(config, rope_type: str | None, factor: float | None = None, extra: dict | None = None):
+    """The ``rope_parameters`` dict applying ``rope_type`` to a model of ``config``; None for the model as saved."""
+    extra = dict(extra or {})
+    if rope_type in NONE_TYPES:
+        if factor is not None or extra:
+            raise ValueError(f"factor={factor!r} / rope parameters {extra} given without a rope_type; pass --rope-type")
+        return None
+    keys = accepted_keys(rope_type)
+    unknown = sorted(set(extra) - set(keys))
+    if unknown:
+        raise ValueError(
+            f"rope parameter {unknown[0]!r} is not taken by rope_type={rope_type!r}; allowed: {sorted(keys)}"
+        )
+    params = {"rope_type": rope_type, "rope_theta": (config.rope_parameters or {}).get("rope_theta", 10000.0)}
+    if factor is not None:
+        if "factor" not in keys:
+            raise ValueError(f"factor={factor!r}: rope_type={rope_type!r} takes no factor; allowed: {sorted(keys)}")
+        params["factor"] = float(factor)
+    if ORIGINAL in keys:
+        params[ORIGINAL] = pretraining_length(config)
+    params.update(extra)
+    missing = [key for key, required in keys.items() if required and params.get(key) is None]
+    if missing:
+        raise KeyError(f"rope_type={rope_type!r} needs {missing[0]!r} (pass --factor or --rope-param {missing[0]}=...)")
+    return params
+
+
+def parse_rope_params(items: list[str] | None) -> dict:
+    """``["window=256", "truncate=false"]`` -> ``{"window": 256, "truncate": False}`` (values read as JSON)."""
+    params = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--rope-param {item!r}: expected key=value")
+        params[key.strip()] = _parse_value(text.strip())
+    return params
+
+
+def _parse_value(text: str):
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def check_model_path(path) -> Path:
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model: {str(path)!r} is not a model directory (no config.json there)")
+    return path
+
+
+def load_model(path, rope_parameters: dict | None = None, dtype=torch.float32, device: str = "cpu"):
+    """``AutoModelForCausalLM.from_pretrained(path, rope_parameters=...)`` in eval mode (None: as saved)."""
+    from transformers import AutoModelForCausalLM
+
+    import hf_rope_ext  # noqa: F401  (registers the package's rope types)
+
+    kwargs = {} if rope_parameters is None else {"rope_parameters": dict(rope_parameters)}
+    model = AutoModelForCausalLM.from_pretrained(check_model_path(path), dtype=dtype, **kwargs)
+    return model.to(device).eval()
+
+
+def load_tokenizer(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(check_model_path(path))

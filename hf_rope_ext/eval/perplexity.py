@@ -1,0 +1,47 @@
+"""Perplexity of truncated documents: the first ``length`` tokens of each document at least that long.
+
+One forward pass per document; every token after the first is scored; perplexity = exp(mean token loss) over all
+scored tokens of all documents (each document contributes ``length - 1`` of them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .data import long_enough
+
+
+@torch.no_grad()
+def token_losses(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """Next-token losses of one sequence ``input_ids`` (n,): shape (n - 1,), fp32; entry t scores token t + 1."""
+    device = next(model.parameters()).device
+    logits = model(input_ids=input_ids[None].to(device), use_cache=False).logits[0, :-1]  # (n-1, vocab)
+    return F.cross_entropy(logits.float(), input_ids[1:].to(device), reduction="none")
+
+
+class CachedLosses:
+    """``token_losses`` remembered per (model, window): a window is a view of a document, named by its data pointer
+    and size, so perplexity and last-chunk loss share forward passes over the same tokens. Keep documents alive."""
+
+    def __init__(self):
+        self.store = {}
+
+    def __call__(self, model, input_ids: torch.Tensor) -> torch.Tensor:
+        key = (id(model), input_ids.data_ptr(), input_ids.numel())
+        if key not in self.store:
+            self.store[key] = token_losses(model, input_ids)
+        return self.store[key]
+
+
+def truncated_perplexity(model, documents, length: int, limit: int | None = None, progress=True, losses_fn=None):
+    """{'perplexity', 'loss', 'documents', 'tokens'} over the first ``length`` tokens of each long-enough document."""
+    losses_fn = losses_fn or token_losses
+    docs = long_enough(documents, length, limit)
+    bar = tqdm(docs, desc=f"perplexity @{length}", disable=not progress, leave=False)
+    losses = [losses_fn(model, doc[:length]) for doc in bar]
+    mean = torch.cat(losses).mean().item()
+    return {"perplexity": math.exp(mean), "loss": mean, "documents": len(docs), "tokens": len(docs) * (length - 1)}

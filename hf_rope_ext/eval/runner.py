@@ -1,0 +1,76 @@
+"""Glue: evaluate one model (one rope type and factor) on a set of lengths and return report records.
+
+A record is one (rope_type, factor, length) with the measures taken there: ``perplexity`` (and ``loss``,
+``documents``), ``last_chunk_loss`` (the fixed final chunk of the longest length, read with ``length`` tokens of
+context), ``passkey_accuracy`` (teacher-forced) and ``passkey_generation_accuracy`` (greedy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .data import long_enough
+from .last_chunk import last_chunk_losses
+from .passkey import passkey_accuracy
+from .perplexity import CachedLosses, truncated_perplexity
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    lengths: tuple[int, ...]
+    documents: int | None = None  # documents per length (None: all long enough)
+    same_documents: bool = True  # score every length on the documents long enough for the longest
+    perplexity: bool = True
+    last_chunk: int | None = 128  # chunk size; None: no last-chunk loss
+    passkey_depths: int = 5  # 0: no passkey
+    passkey_trials: int = 1
+    generate: bool = True  # passkey by greedy generation too
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.lengths or any(int(x) != x or x < 2 for x in self.lengths):
+            raise ValueError(f"lengths={list(self.lengths)}: expected a non-empty list of integers >= 2")
+
+
+def label(rope_type) -> str:
+    return "none" if rope_type in (None, "default") else str(rope_type)
+
+
+def evaluate_model(
+    model, tokenizer, documents, plan: EvalPlan, rope_type=None, factor=None, progress=True, losses=None
+):
+    """Records for every length of ``plan``, one model; forward passes over the same window are shared (through
+    ``losses``, a CachedLosses that must belong to this model alone)."""
+    lengths = sorted(plan.lengths)
+    if plan.same_documents and (plan.perplexity or plan.last_chunk):
+        documents = long_enough(documents, lengths[-1], plan.documents)
+    losses = losses or CachedLosses()
+    records = [{"rope_type": label(rope_type), "factor": factor, "length": n} for n in lengths]
+    for record in records:
+        n = record["length"]
+        if plan.perplexity:
+            record.update(truncated_perplexity(model, documents, n, plan.documents, progress, losses))
+        if plan.passkey_depths:
+            depths, trials, seed = plan.passkey_depths, plan.passkey_trials, plan.seed
+            record.update(passkey_accuracy(model, tokenizer, n, depths, trials, plan.generate, seed, progress=progress))
+    if plan.last_chunk:
+        chunk = last_chunk_losses(model, documents, lengths, plan.last_chunk, plan.documents, progress, losses)
+        for record in records:
+            record["last_chunk_loss"] = chunk[record["length"]]
+    return records
+
+
+def evaluate(path, rope_type=None, factor=None, extra=None, plan: EvalPlan | None = None, data=None, progress=True):
+    """Load ``path`` with the rope type applied (none: as saved) and evaluate it; returns the records."""
+    from transformers import AutoConfig
+
+    from .data import load_token_documents
+    from .loading import check_model_path, load_model, load_tokenizer, rope_parameters_for
+
+    config = AutoConfig.from_pretrained(check_model_path(path))
+    rope_parameters = rope_parameters_for(config, rope_type, factor, extra)
+    tokenizer = load_tokenizer(path)
+    documents = load_token_documents(tokenizer, data)
+    model = load_model(path, rope_parameters)
+    records = evaluate_model(model, tokenizer, documents, plan, rope_type, factor, progress)
+    return [{**r, "rope_parameters": rope_parameters} for r in records]

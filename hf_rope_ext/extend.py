@@ -1,0 +1,185 @@
+"""The main job: read a pretrained RoPE model beyond its training length, method by method, and report.
+
+``run_comparison`` evaluates every applicable method (the model as saved, transformers' ``linear``, ``dynamic``,
+``yarn``, and every training-free type of this package, attention-level ones included, found in the registry at run
+time) at s x L0 with factor s, for s in ``factors``, plus L0 itself with the smallest factor; a type without a
+``factor`` runs once over every length. The last-chunk loss is read with the largest factor at every length.
+``save_extended`` writes one patched model (config with the rope parameters), its model card and its report.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from . import registry
+from .eval import loading
+from .eval.data import load_token_documents, long_enough
+from .eval.last_chunk import last_chunk_losses
+from .eval.perplexity import CachedLosses
+from .eval.runner import EvalPlan, evaluate_model, label
+
+BUILTIN_METHODS = ("linear", "dynamic", "yarn")
+DEFAULT_FACTORS = (2.0, 4.0, 8.0)
+FAR_WINDOW_FRACTION = 4  # windowed attention types keep exact distances below L0 / 4
+
+
+def applicable_methods(config) -> list[str | None]:
+    """None (as saved), transformers' linear/dynamic/yarn, then the registry's training-free types for this family."""
+    model_type = getattr(config, "model_type", None)
+    ours = [m.name for m in registry.methods() if m.training_free and (m.families is None or model_type in m.families)]
+    return [None, *BUILTIN_METHODS, *ours]
+
+
+def takes_factor(rope_type) -> bool:
+    return rope_type not in loading.NONE_TYPES and "factor" in loading.accepted_keys(rope_type)
+
+
+def default_parameters(rope_type, pretrain: int, factor: float | None) -> dict:
+    """Values for the required keys besides ``factor``, chosen so that s x L0 tokens fit the pretrained distances:
+    ``window`` L0/4; ``group_size`` and leaky ``factor`` just large enough that window + (s L0 - window) / k <= L0."""
+    if rope_type in loading.NONE_TYPES:
+        return {}
+    keys = loading.accepted_keys(rope_type)
+    window = max(1, pretrain // FAR_WINDOW_FRACTION)
+    squeeze = (factor or 1.0) * pretrain - window  # distances beyond the window at the target length
+    rules = {"window": window, "group_size": max(1, math.ceil(squeeze / (pretrain - window)))}
+    extra = {key: value for key, value in rules.items() if key in keys}
+    if "window" in keys and "factor" in keys and factor is not None:
+        extra["factor"] = max(1.0, squeeze / (pretrain - window))  # leaky: the slope beyond the window
+    return extra
+
+
+def method_runs(rope_type, pretrain: int, factors) -> list[tuple[float | None, list[int]]]:
+    """(factor, lengths) pairs for one method: s x L0 with factor s (L0 too with the smallest); all lengths once for
+    a type without a factor."""
+    factors = sorted(factors)
+    if not takes_factor(rope_type) and "group_size" not in _keys(rope_type):
+        return [(None, [pretrain, *(int(s * pretrain) for s in factors)])]
+    return [(s, ([pretrain] if s == factors[0] else []) + [int(s * pretrain)]) for s in factors]
+
+
+def _keys(rope_type) -> dict:
+    return {} if rope_type in loading.NONE_TYPES else loading.accepted_keys(rope_type)
+
+
+def evaluate_method(
+    path, config, tokenizer, documents, rope_type, factors, base_plan: EvalPlan, progress=True, extra=None
+):
+    """Records of one method over its runs, plus the last-chunk loss at every length with the largest factor."""
+    pretrain = loading.pretraining_length(config)
+    runs = method_runs(rope_type, pretrain, factors)
+    records = []
+    for factor, lengths in runs:
+        params = run_parameters(config, rope_type, factor, pretrain, extra if rope_type is not None else None)
+        model = loading.load_model(path, params)
+        cache = CachedLosses()
+        plan = EvalPlan(**{**base_plan.__dict__, "lengths": tuple(lengths), "last_chunk": None})
+        found = evaluate_model(model, tokenizer, documents, plan, rope_type, factor, progress, cache)
+        records += [{**r, "rope_parameters": params} for r in found]
+        if factor == runs[-1][0] and base_plan.last_chunk:
+            contexts = [pretrain, *(int(s * pretrain) for s in sorted(factors))]
+            chunk = last_chunk_losses(
+                model, documents, contexts, base_plan.last_chunk, base_plan.documents, progress, cache
+            )
+            records = merge_last_chunk(records, chunk, label(rope_type), factor, params)
+    return records
+
+
+def run_parameters(config, rope_type, factor, pretrain: int, extra: dict | None = None):
+    """rope_parameters for extension factor ``factor``: the type's ``factor`` (or, for leaky_rerope, the slope that
+    fits s x L0 into L0) and defaults for its other required keys, then the user's ``extra`` over them."""
+    if rope_type in loading.NONE_TYPES:
+        return loading.rope_parameters_for(config, rope_type, None, extra)
+    chosen = {**default_parameters(rope_type, pretrain, factor), **(extra or {})}
+    own_factor = factor if takes_factor(rope_type) and "factor" not in chosen else None
+    return loading.rope_parameters_for(config, rope_type, own_factor, chosen)
+
+
+def merge_last_chunk(records: list[dict], chunk: dict, name: str, factor, params) -> list[dict]:
+    """Add ``last_chunk_loss`` to the (name, factor, length) records, creating the missing ones."""
+    for length, loss in chunk.items():
+        match = [r for r in records if r["rope_type"] == name and r["factor"] == factor and r["length"] == length]
+        if not match:
+            match = [{"rope_type": name, "factor": factor, "length": length, "rope_parameters": params}]
+            records.append(match[0])
+        match[0]["last_chunk_loss"] = loss
+    return sorted(records, key=lambda r: (r["length"], r["factor"] or 0))
+
+
+def run_comparison(path, methods=None, factors=DEFAULT_FACTORS, plan=None, data=None, progress=True, extra=None):
+    """Records of every method in ``methods`` (default: ``applicable_methods``) at the lengths the factors give;
+    ``plan`` sets what is measured (its lengths are ignored); ``extra`` parameters go to every type but none."""
+    from transformers import AutoConfig
+
+    path = loading.check_model_path(path)
+    config = AutoConfig.from_pretrained(path)
+    pretrain = loading.pretraining_length(config)
+    factors = sorted(float(s) for s in factors)
+    if any(s < 1 for s in factors):
+        raise ValueError(f"factors={factors}: every factor must be >= 1")
+    plan = plan or EvalPlan(lengths=(pretrain,))
+    methods = applicable_methods(config) if methods is None else list(methods)
+    for rope_type in methods:  # fail early on an unknown type or bad parameters, before any long run
+        for factor, _ in method_runs(rope_type, pretrain, factors):
+            run_parameters(config, rope_type, factor, pretrain, extra if rope_type is not None else None)
+    tokenizer = loading.load_tokenizer(path)
+    documents = long_enough(load_token_documents(tokenizer, data), int(factors[-1] * pretrain), plan.documents)
+    records = []
+    for rope_type in tqdm(methods, desc="methods", disable=not progress):
+        records += evaluate_method(path, config, tokenizer, documents, rope_type, factors, plan, progress, extra)
+    return records
+
+
+def check_out_dir(out, overwrite: bool) -> bool:
+    """FileExistsError when ``out`` exists and is not an empty folder, unless ``overwrite``; True if it must go."""
+    out = Path(out)
+    occupied = out.exists() and (not out.is_dir() or any(out.iterdir()))
+    if occupied and not overwrite:
+        raise FileExistsError(f"out: {str(out)!r} exists and is not empty; pass --overwrite to replace it")
+    return occupied
+
+
+def prepare_out_dir(out, overwrite: bool) -> Path:
+    """``out`` created and empty (an occupied one is removed only with ``overwrite``)."""
+    out = Path(out)
+    if check_out_dir(out, overwrite):
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def save_extended(path, rope_type, factor, out, records, plot=None, extra=None) -> Path:
+    """Save the model patched with ``rope_type`` into ``out`` (made by ``prepare_out_dir``): weights, a config
+    carrying the rope parameters, the tokenizer and the model card (whose README.md path is returned)."""
+    from transformers import AutoConfig
+
+    from . import cards
+    from .rotary import layout_of
+
+    path = loading.check_model_path(path)
+    config = AutoConfig.from_pretrained(path)
+    params = run_parameters(config, rope_type, factor, loading.pretraining_length(config), extra)
+    if params is None:
+        raise ValueError(
+            "rope_type: --out saves a patched model and needs --rope-type (and --factor where it takes one)"
+        )
+    model = loading.load_model(path, params)
+    model.save_pretrained(out)
+    loading.load_tokenizer(path).save_pretrained(out)
+    return cards.write_model_card(
+        out,
+        kind="extended",
+        base_model=str(path),
+        rope_parameters=params,
+        rope_layout=layout_of(config),
+        results=records,
+        plot=plot,
+        training=None,
+        license=None,
+        tags=None,
+        notes=None,
+    )

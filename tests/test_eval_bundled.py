@@ -1,0 +1,76 @@
+"""The shipped default model and its corpus list (the few tests that read the shipped files)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import ByT5Tokenizer
+
+from hf_rope_ext import bundled
+from hf_rope_ext.eval import load_model, load_tokenizer, truncated_perplexity
+from hf_rope_ext.eval.data import encode
+
+ROOT = Path(__file__).resolve().parents[1]
+SAME_PYTHON = sys.version_info[:2] == (3, 11)
+
+
+def listed() -> list[tuple[str, str]]:
+    return [tuple(line.split("\t")) for line in bundled.FILE_LIST.read_text().splitlines()]
+
+
+def test_file_list_is_sorted_and_split_by_path_hash():
+    rows = listed()
+    assert [p for _, p in rows] == sorted(p for _, p in rows)
+    assert all(split == bundled.split_of(path) for split, path in rows)
+    assert {split for split, _ in rows} == set(bundled.SPLITS)
+
+
+@pytest.mark.skipif(not SAME_PYTHON, reason="the list was made from the Python 3.11 standard library")
+def test_file_list_is_this_interpreters_stdlib_scan():
+    assert [p for _, p in listed()] == bundled.scan_stdlib()
+
+
+@pytest.mark.skipif(not SAME_PYTHON, reason="the list was made from the Python 3.11 standard library")
+def test_eval_split_has_documents_for_eight_times_the_pretraining_length():
+    sizes = [len(text.encode("utf-8")) for text in bundled.read_documents(bundled.corpus_files("eval"))]
+    assert sum(size >= 8 * 512 for size in sizes) >= 20
+
+
+def test_bad_split_is_an_error():
+    with pytest.raises(ValueError, match="'dev'"):
+        bundled.corpus_files("dev")
+
+
+def test_pretraining_ids_are_the_tokenizers_ids():
+    spec = importlib.util.spec_from_file_location("pretrain", ROOT / "scripts" / "pretrain_tiny_llama.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    text = "def f(x):\n    return x  # é ≥ 🙂\n"
+    ids = torch.from_numpy(script.token_stream_of([text]))
+    assert ids.tolist() == ByT5Tokenizer()(text)["input_ids"]  # the bytes + 3, then </s>
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    path = bundled.default_model_path()
+    return path, load_model(path), load_tokenizer(path)
+
+
+def test_shipped_model_is_small_and_loads_offline(shipped):
+    path, model, tokenizer = shipped
+    assert (path / "model.safetensors").stat().st_size <= 20 * 2**20
+    assert model.config.max_position_embeddings == 512 and model.config.vocab_size == len(tokenizer) == 384
+    assert (path / "README.md").is_file()
+
+
+@pytest.mark.skipif(not SAME_PYTHON, reason="the eval split is read from the Python 3.11 standard library")
+def test_shipped_model_has_learned_the_corpus(shipped):
+    _, model, tokenizer = shipped
+    docs = [encode(tokenizer, text) for text in bundled.read_documents(bundled.corpus_files("eval")[:4])]
+    result = truncated_perplexity(model, docs, 512, progress=False)
+    assert result["loss"] < math.log(len(tokenizer)) / 2  # far below a uniform guess over the bytes

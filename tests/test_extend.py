@@ -1,0 +1,138 @@
+"""``hf-rope-ext extend``: method discovery, default parameters, the comparison and saving a patched model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from test_eval import L0, docs_dir, save_tiny, tiny_llama_config  # noqa: F401  (docs_dir is a fixture)
+
+from hf_rope_ext import extend, registry
+from hf_rope_ext.cli import main
+from hf_rope_ext.eval import load_model
+from hf_rope_ext.eval.runner import EvalPlan
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("tiny_extend"), seed=1)
+
+
+def test_applicable_methods_come_from_the_registry():
+    found = extend.applicable_methods(tiny_llama_config())
+    expected = [m.name for m in registry.methods() if m.training_free]
+    assert found == [None, "linear", "dynamic", "yarn", *expected]
+    assert not {m.name for m in registry.methods() if not m.training_free} & set(found[1:])
+
+
+@pytest.mark.parametrize("factor", [2.0, 3.0, 4.0, 8.0, 16.0])
+def test_default_parameters_fit_the_target_length_into_the_pretrained_distances(factor):
+    window = L0 // extend.FAR_WINDOW_FRACTION
+    for method in registry.methods():
+        params = extend.default_parameters(method.name, L0, factor)
+        if "group_size" in params:  # self-extend: the smallest group that maps s L0 positions into L0
+            far = lambda g: window + (factor * L0 - window) / g  # noqa: E731
+            assert far(params["group_size"]) <= L0 and (params["group_size"] == 1 or far(params["group_size"] - 1) > L0)
+        if "window" in params and "factor" in params:  # leaky ReRoPE: the farthest distance lands on L0 exactly
+            assert window + (factor * L0 - window) / params["factor"] == pytest.approx(L0)
+        if "window" in params:
+            assert params["window"] == window
+
+
+def test_method_runs_pair_each_factor_with_its_length():
+    assert extend.method_runs("yarn", 512, [4.0, 2.0]) == [(2.0, [512, 1024]), (4.0, [2048])]
+    assert extend.method_runs(None, 512, [2.0, 4.0]) == [(None, [512, 1024, 2048])]
+    assert extend.method_runs("dynamic_yarn", 512, [2.0]) == [(None, [512, 1024])]
+
+
+@pytest.fixture(scope="module")
+def comparison(tiny_dir, docs_dir):  # noqa: F811
+    plan = EvalPlan(lengths=(2,), documents=2, last_chunk=16, passkey_depths=0)
+    return extend.run_comparison(tiny_dir, None, (2.0, 4.0), plan, docs_dir, progress=False)
+
+
+def test_comparison_covers_every_method_and_length(comparison):
+    methods = ["none" if m is None else m for m in extend.applicable_methods(tiny_llama_config())]
+    measured = {(r["rope_type"], r["length"]) for r in comparison if "perplexity" in r}
+    assert measured == {(m, n) for m in methods for n in (L0, 2 * L0, 4 * L0)}
+    assert all(math.isfinite(r["perplexity"]) for r in comparison if "perplexity" in r)
+    chunked = {(r["rope_type"], r["length"]) for r in comparison if "last_chunk_loss" in r}
+    assert chunked == measured
+
+
+def test_dynamic_types_equal_the_unscaled_model_inside_the_pretraining_length(comparison):
+    at_l0 = {r["rope_type"]: r["perplexity"] for r in comparison if r["length"] == L0 and "perplexity" in r}
+    assert at_l0["dynamic"] == pytest.approx(at_l0["none"], rel=1e-6)
+    assert at_l0["dynamic_yarn"] == pytest.approx(at_l0["none"], rel=1e-6)
+    assert at_l0["linear"] != pytest.approx(at_l0["none"], rel=1e-6)  # a static scaling does change it
+
+
+def test_unknown_rope_type_fails_before_any_evaluation(tiny_dir, docs_dir):  # noqa: F811
+    with pytest.raises(KeyError, match="no_such"):
+        extend.run_comparison(tiny_dir, [None, "no_such"], (2.0,), None, docs_dir, progress=False)
+
+
+def test_extend_out_saves_a_model_that_reloads_to_the_same_logits(tiny_dir, docs_dir, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "extended"
+    argv = [
+        "extend",
+        "--model",
+        str(tiny_dir),
+        "--rope-type",
+        "ntk_by_parts",
+        "--factor",
+        "2",
+        "--out",
+        str(out),
+        "--data",
+        str(docs_dir),
+        "--documents",
+        "1",
+        "--passkey-depths",
+        "0",
+        "--last-chunk",
+        "16",
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    saved = json.loads((out / "config.json").read_text())["rope_parameters"]
+    assert saved["rope_type"] == "ntk_by_parts" and saved["factor"] == 2.0
+    assert saved["original_max_position_embeddings"] == L0
+    ids = torch.arange(3, 3 + 2 * L0)[None]
+    with torch.no_grad():
+        expected = load_model(tiny_dir, saved)(ids).logits
+        torch.testing.assert_close(load_model(out)(ids).logits, expected, rtol=0, atol=0)
+    records = json.loads((out / "report.json").read_text())
+    assert {r["rope_type"] for r in records} == {"none", "ntk_by_parts"}
+    assert (out / "perplexity.png").is_file() and "ntk_by_parts" in (out / "README.md").read_text()
+    assert "| ntk_by_parts |" in (out / "report.md").read_text()
+    capsys.readouterr()
+    assert main(argv) == 2  # never overwrites without --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "/nonexistent/model"], "not a model directory"),
+        (["--rope-type", "bogus"], "bogus"),
+        (["--out", "somewhere"], "--rope-type"),
+        (["--rope-type", "yarn", "--rope-param", "nope=1"], "'nope' is not taken"),
+    ],
+)
+def test_extend_bad_input(tiny_dir, docs_dir, tmp_path, args, message, capsys):  # noqa: F811
+    base = [
+        "extend",
+        "--model",
+        str(tiny_dir),
+        "--data",
+        str(docs_dir),
+        "--report-dir",
+        str(tmp_path / "r"),
+        "--factors",
+        "2",
+    ]
+    assert main(base + args + ["--no-progress"]) == 2
+    assert message in capsys.readouterr().err
