@@ -20,28 +20,41 @@ def _flat_rope_parameters(config) -> dict:
     return params
 
 
+def accepted_keys(rope_type: str) -> dict[str, bool]:
+    """Keys ``rope_type`` takes besides rope_type/rope_theta -> whether each is required. KeyError if unknown."""
+    from . import registry
+
+    common = {"partial_rotary_factor": False}
+    if rope_type in registry.BUILTIN_TYPES:
+        spec = registry.BUILTIN_TYPES[rope_type]
+        return {**common, **{key: default is registry.REQUIRED for key, default in spec.items()}}
+    method = registry.get_method(rope_type)
+    return {**common, **{key: p.default is registry.REQUIRED for key, p in method.params.items()}}
+
+
 def rope_parameters_for(source: Any, rope_type: str | None, **params: Any) -> dict:
     """``rope_parameters`` for ``source`` (a config or a model directory/repo id) switched to ``rope_type``.
 
     Keeps the saved base (``rope_theta``) and ``partial_rotary_factor``; sets
-    ``original_max_position_embeddings`` to the saved ``max_position_embeddings`` when the type takes it and it
-    is not given. ``rope_type=None`` returns the saved parameters unchanged.
+    ``original_max_position_embeddings`` to the saved pretraining length (``max_position_embeddings`` unless the
+    saved parameters name one) when the type takes it and it is not given. A key the type does not take is a
+    ValueError naming it. ``rope_type=None`` returns the saved parameters unchanged.
     """
     from transformers import AutoConfig, PretrainedConfig
-
-    from . import registry
 
     config = source if isinstance(source, PretrainedConfig) else AutoConfig.from_pretrained(source)
     saved = _flat_rope_parameters(config)
     if rope_type is None:
         return saved
+    keys = accepted_keys(rope_type)
+    for key, value in params.items():
+        if key not in keys:
+            raise ValueError(
+                f"rope parameter {key!r}={value!r} is not taken by rope_type={rope_type!r}; allowed: {sorted(keys)}"
+            )
     merged = {k: saved[k] for k in KEPT_KEYS if saved.get(k) is not None}
     merged["rope_type"] = rope_type
-    takes_length = rope_type in ("yarn", "longrope", "llama3") or (
-        rope_type in registry.available_rope_types()
-        and "original_max_position_embeddings" in registry.get_method(rope_type).params
-    )
-    if takes_length and params.get("original_max_position_embeddings") is None:
+    if "original_max_position_embeddings" in keys and params.get("original_max_position_embeddings") is None:
         merged["original_max_position_embeddings"] = int(
             saved.get("original_max_position_embeddings") or config.max_position_embeddings
         )

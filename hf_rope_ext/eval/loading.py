@@ -12,20 +12,11 @@ from pathlib import Path
 
 import torch
 
-from .. import registry
+from .. import configure
+from ..configure import accepted_keys
 
 NONE_TYPES = (None, "none", "default")  # "the model as saved"
 ORIGINAL = "original_max_position_embeddings"
-
-
-def accepted_keys(rope_type: str) -> dict[str, bool]:
-    """Keys ``rope_type`` takes besides rope_type/rope_theta -> whether each is required. KeyError if unknown."""
-    if rope_type in registry.BUILTIN_TYPES:
-        spec = registry.BUILTIN_TYPES[rope_type]
-        return {key: default is registry.REQUIRED for key, default in spec.items()}
-    method = registry.get_method(rope_type)
-    common = {"partial_rotary_factor": False, "type": False}
-    return {**common, **{key: p.default is registry.REQUIRED for key, p in method.params.items()}}
 
 
 def pretraining_length(config) -> int:
@@ -42,19 +33,11 @@ def rope_parameters_for(config, rope_type: str | None, factor: float | None = No
             raise ValueError(f"factor={factor!r} / rope parameters {extra} given without a rope_type; pass --rope-type")
         return None
     keys = accepted_keys(rope_type)
-    unknown = sorted(set(extra) - set(keys))
-    if unknown:
-        raise ValueError(
-            f"rope parameter {unknown[0]!r} is not taken by rope_type={rope_type!r}; allowed: {sorted(keys)}"
-        )
-    params = {"rope_type": rope_type, "rope_theta": (config.rope_parameters or {}).get("rope_theta", 10000.0)}
     if factor is not None:
         if "factor" not in keys:
             raise ValueError(f"factor={factor!r}: rope_type={rope_type!r} takes no factor; allowed: {sorted(keys)}")
-        params["factor"] = float(factor)
-    if ORIGINAL in keys:
-        params[ORIGINAL] = pretraining_length(config)
-    params.update(extra)
+        extra = {"factor": float(factor), **extra}
+    params = configure.rope_parameters_for(config, rope_type, **extra)
     missing = [key for key, required in keys.items() if required and params.get(key) is None]
     if missing:
         raise KeyError(f"rope_type={rope_type!r} needs {missing[0]!r} (pass --factor or --rope-param {missing[0]}=...)")

@@ -12,17 +12,11 @@ import os
 import torch
 
 from .. import registry
+from ..configure import accepted_keys, rope_parameters_for
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FP16_MAX = 65504.0
-
-
-def allowed_rope_keys(rope_type: str) -> set[str]:
-    """Keys ``rope_type`` accepts (this package's types and transformers' built-ins)."""
-    if rope_type in registry.BUILTIN_TYPES:
-        return {"rope_type", "rope_theta", "partial_rotary_factor", *registry.BUILTIN_TYPES[rope_type]}
-    return {*registry.COMMON_KEYS, *registry.get_method(rope_type).params} - {"type"}
 
 
 def check_fits(config, rope_type: str) -> dict:
@@ -47,28 +41,17 @@ def check_fits(config, rope_type: str) -> dict:
 
 def target_rope_parameters(config, rope_type: str, length: int, factor: float | None = None, extra: dict | None = None):
     """(rope_parameters, max_position_embeddings) that extend ``config`` to ``length`` tokens with ``rope_type``."""
-    base = check_fits(config, rope_type)
+    check_fits(config, rope_type)
     old = int(config.max_position_embeddings)
     if int(length) < old:
         raise ValueError(
             f"--length {length} is shorter than the model's max_position_embeddings={old}; expected >= {old}"
         )
-    allowed = allowed_rope_keys(rope_type)
+    allowed = accepted_keys(rope_type)
     if factor is not None and "factor" not in allowed:
         raise ValueError(f"--factor {factor}: rope_type={rope_type!r} takes no factor; its keys: {sorted(allowed)}")
-    params = {"rope_type": rope_type, "rope_theta": base["rope_theta"]}
-    params |= {k: base[k] for k in ("partial_rotary_factor",) if k in base}
-    if "factor" in allowed:
-        params["factor"] = float(factor) if factor is not None else float(length) / old
-    if "original_max_position_embeddings" in allowed:
-        params["original_max_position_embeddings"] = old
-    unknown = sorted(set(extra or {}) - allowed)
-    if unknown:
-        raise ValueError(
-            f"rope parameter {unknown[0]!r}={extra[unknown[0]]!r} is not a key of rope_type={rope_type!r}; "
-            f"allowed: {sorted(allowed)}"
-        )
-    params |= dict(extra or {})
+    defaults = {"factor": float(factor) if factor is not None else float(length) / old} if "factor" in allowed else {}
+    params = rope_parameters_for(config, rope_type, **{**defaults, **dict(extra or {})})
     return params, (old if rope_type == "dynamic" else int(length))
 
 
