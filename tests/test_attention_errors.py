@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_config, tiny_model
+from conftest import needs_legacy_kwarg, tiny_config, tiny_model
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoModelForCausalLM
 from transformers.integrations.flash_attention import flash_attention_forward
@@ -103,7 +103,7 @@ def test_attention_module_without_position_ids_is_an_error():
         )
 
 
-@pytest.mark.parametrize("spelling", ["rope_parameters", "rope_scaling"])
+@pytest.mark.parametrize("spelling", ["rope_parameters", pytest.param("rope_scaling", marks=needs_legacy_kwarg)])
 def test_chosen_by_from_pretrained_alone(spelling, tmp_path):
     stock = tiny_model("llama")
     stock.save_pretrained(tmp_path)

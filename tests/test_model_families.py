@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FAMILIES, tiny_config, tiny_model
+from conftest import FAMILIES, needs_legacy_kwarg, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from hf_rope_ext import registry
@@ -122,6 +122,7 @@ def test_families_cover_the_issue():
     assert {"llama", "mistral", "qwen2"} <= set(FAMILIES) and len(FAMILIES) >= 4
 
 
+@needs_legacy_kwarg
 def test_from_pretrained_without_base_is_refused_and_rope_parameters_for_keeps_it(tmp_path):
     """from_pretrained(..., rope_parameters=...) replaces the saved dict; the saved base must not be lost silently."""
     from hf_rope_ext import rope_parameters_for
