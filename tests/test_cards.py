@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import conftest
 import pytest
 import torch
 from huggingface_hub import ModelCard
@@ -17,19 +18,18 @@ from hf_rope_ext.registry import REQUIRED, methods
 
 ROOT = Path(__file__).resolve().parents[1]
 NTK = {"rope_type": "ntk", "factor": 4.0, "rope_theta": 10000.0}
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=64,
+)
 
 
 def tiny_config(rope_parameters=None) -> LlamaConfig:
-    return LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=64,
-        max_position_embeddings=64,
-        rope_parameters=rope_parameters,
-    )
+    return conftest.tiny_config("llama", rope_parameters, **SMALL)
 
 
 def params_for(method) -> dict:

@@ -4,11 +4,12 @@ import hashlib
 import json
 import socket
 
+import conftest
 import huggingface_hub.constants
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import hf_rope_ext  # noqa: F401  (registers the rope types)
 from hf_rope_ext.cards import write_model_card
@@ -17,20 +18,19 @@ from hf_rope_ext.hub import HubError, push
 
 NTK = {"rope_type": "ntk", "factor": 4.0, "rope_theta": 10000.0}
 IDS = torch.arange(90).remainder(64)[None]
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=64,
+)
 
 
 def tiny_model(rope_parameters=None) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=64,
-        max_position_embeddings=64,
-        rope_parameters=rope_parameters,
-    )
+    config = conftest.tiny_config("llama", rope_parameters, **SMALL)
     return LlamaForCausalLM(config).eval()
 
 
