@@ -32,6 +32,17 @@ TINY = dict(
 )
 
 
+# a one-layer GQA Llama for tests that save and reload many models (cards, push)
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=64,
+)
+
+
 def tiny_config(family: str = "llama", rope_parameters: dict | None = None, **overrides):
     """A 2-layer GQA config of ``family`` (4 query heads, 2 kv heads, head_dim 16 unless overridden)."""
     kwargs = {**TINY, **FAMILIES[family], **overrides}

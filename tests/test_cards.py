@@ -18,18 +18,10 @@ from hf_rope_ext.registry import REQUIRED, methods
 
 ROOT = Path(__file__).resolve().parents[1]
 NTK = {"rope_type": "ntk", "factor": 4.0, "rope_theta": 10000.0}
-SMALL = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    vocab_size=64,
-)
 
 
 def tiny_config(rope_parameters=None) -> LlamaConfig:
-    return conftest.tiny_config("llama", rope_parameters, **SMALL)
+    return conftest.tiny_config("llama", rope_parameters, **conftest.SMALL)
 
 
 def params_for(method) -> dict:

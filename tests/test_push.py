@@ -18,19 +18,11 @@ from hf_rope_ext.hub import HubError, push
 
 NTK = {"rope_type": "ntk", "factor": 4.0, "rope_theta": 10000.0}
 IDS = torch.arange(90).remainder(64)[None]
-SMALL = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    vocab_size=64,
-)
 
 
 def tiny_model(rope_parameters=None) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = conftest.tiny_config("llama", rope_parameters, **SMALL)
+    config = conftest.tiny_config("llama", rope_parameters, **conftest.SMALL)
     return LlamaForCausalLM(config).eval()
 
 

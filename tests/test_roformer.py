@@ -29,44 +29,6 @@ from hf_rope_ext.models import roformer
 MAX_POS, HEADS, HIDDEN = 16, 4, 32
 
 
-def _stock_decoder_is_causal() -> bool:
-    """transformers 5.17's RoFormerForCausalLM lets positions see later tokens (fixed in later 5.x)."""
-    roformer.uninstall()
-    try:
-        torch.manual_seed(0)
-        config = RoFormerConfig(
-            vocab_size=50,
-            hidden_size=HIDDEN,
-            num_hidden_layers=1,
-            num_attention_heads=HEADS,
-            intermediate_size=64,
-            max_position_embeddings=MAX_POS,
-            is_decoder=True,
-        )
-        model = RoFormerForCausalLM(config).eval()
-        ids = torch.randint(0, 50, (1, MAX_POS))
-        with torch.no_grad():
-            return torch.allclose(model(ids).logits[:, :8], model(ids[:, :8]).logits, atol=1e-5)
-    finally:
-        roformer.install()
-
-
-def _from_pretrained_keeps_rope_kwargs() -> bool:
-    """Whether this transformers sets unknown from_pretrained kwargs on a RoFormer config (5.17 passes them on)."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        RoFormerConfig(hidden_size=HIDDEN, num_attention_heads=HEADS).save_pretrained(folder)
-        config, unused = RoFormerConfig.from_pretrained(folder, rope_theta=5.0, return_unused_kwargs=True)
-        return "rope_theta" not in unused
-
-
-needs_causal_stock = pytest.mark.skipif(
-    not _stock_decoder_is_causal(), reason="this transformers' RoFormerForCausalLM is not causal (stock bug)"
-)
-needs_kwargs = pytest.mark.skipif(
-    not _from_pretrained_keeps_rope_kwargs(), reason="this transformers passes RoFormer rope kwargs to the model"
-)
 HEAD_DIM = HIDDEN // HEADS
 TINY = dict(
     vocab_size=61,
@@ -124,6 +86,36 @@ def twin(model, cls=None, **overrides):
     other = build(cls or type(model), **{**kwargs, **overrides})
     other.load_state_dict(model.state_dict())
     return other
+
+
+def _stock_decoder_is_causal() -> bool:
+    """transformers 5.17's RoFormerForCausalLM lets positions see later tokens (fixed in later 5.x)."""
+    roformer.uninstall()
+    try:
+        model = build(RoFormerForCausalLM, num_hidden_layers=1)
+        ids = torch.randint(0, 50, (1, MAX_POS))
+        with torch.no_grad():
+            return torch.allclose(model(ids).logits[:, :8], model(ids[:, :8]).logits, atol=1e-5)
+    finally:
+        roformer.install()
+
+
+def _from_pretrained_keeps_rope_kwargs() -> bool:
+    """Whether this transformers sets unknown from_pretrained kwargs on a RoFormer config (5.17 passes them on)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        RoFormerConfig(hidden_size=HIDDEN, num_attention_heads=HEADS).save_pretrained(folder)
+        config, unused = RoFormerConfig.from_pretrained(folder, rope_theta=5.0, return_unused_kwargs=True)
+        return "rope_theta" not in unused
+
+
+needs_causal_stock = pytest.mark.skipif(
+    not _stock_decoder_is_causal(), reason="this transformers' RoFormerForCausalLM is not causal (stock bug)"
+)
+needs_kwargs = pytest.mark.skipif(
+    not _from_pretrained_keeps_rope_kwargs(), reason="this transformers passes RoFormer rope kwargs to the model"
+)
 
 
 def ids(length: int, batch: int = 2, seed: int = 1) -> torch.Tensor:

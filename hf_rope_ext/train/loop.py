@@ -33,17 +33,19 @@ class Stage:
 
 @dataclass(frozen=True)
 class LoopSettings:
-    lr: float = 2e-4
-    warmup_steps: int = 0
-    scheduler: str = "cosine"
-    weight_decay: float = 0.0
+    """What the loop needs of a ``FinetuneConfig`` (whose fields hold the defaults; see ``finetune.settings_of``)."""
+
+    lr: float
+    warmup_steps: int
+    scheduler: str
+    weight_decay: float
+    batch_size: int
+    grad_accum: int
+    schedule: str
+    pose_chunks: int
+    seed: int
+    save_every: int  # checkpoint every N optimizer steps (0: only at the end)
     max_grad_norm: float = 1.0
-    batch_size: int = 1
-    grad_accum: int = 1
-    schedule: str = "contiguous"
-    pose_chunks: int = 2
-    seed: int = 0
-    save_every: int = 0  # checkpoint every N optimizer steps (0: only at the end)
 
     def plan(self, stages: list[Stage]) -> dict:
         """What a checkpoint must agree with to be resumed."""
