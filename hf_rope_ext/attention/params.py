@@ -5,7 +5,34 @@ from __future__ import annotations
 from ..frequencies.params import ORIGINAL_MAX
 from ..registry import REQUIRED, Param
 
-FAMILIES = ("llama", "mistral")  # model_type values whose attention modules these methods are tested on
+# model_type values whose attention modules the attention function serves (tests/test_attention_families.py).
+# Each was read in transformers' modeling file: its attention module rotates q/k with the rotary module's cos/sin
+# through the standard rotate_half (zero frequencies give the identity, partial rotary included), stores the
+# result in the cache, and calls the attention interface with the ``position_ids`` in its kwargs.
+FAMILIES = (
+    "gemma",  # explicit head_dim 256
+    "gemma2",  # query_pre_attn_scalar scaling, attn_logit_softcapping (eager), alternating sliding/global layers
+    "gemma3_text",  # q/k norms; rope_parameters per layer type (local/global thetas), sliding layers
+    "granite",  # attention_multiplier as the softmax scale
+    "llama",
+    "mistral",  # sliding window
+    "olmo2",  # q/k norms over all heads, before rotary
+    "phi3",  # fused qkv_proj, partial rotary, optional sliding window
+    "qwen2",  # optional sliding-window layers
+    "qwen3",  # per-head q/k norms before rotary
+    "stablelm",  # partial rotary (25% by default), optional per-head q/k LayerNorms
+)
+
+# Families seen in transformers that these types refuse, and why (any other model_type: not verified).
+REFUSED = {
+    "cohere": "its rotary pairs are interleaved (2i, 2i+1) in the attention module, not rotate_half's (i, i + d/2)",
+    "cohere2": "its rotary pairs are interleaved (2i, 2i+1) in the attention module, not rotate_half's (i, i + d/2)",
+}
+
+# Families whose own rotary code recomputes dynamic frequencies at every call, keeping no state
+# (hf_rope_ext.models.roformer); with FAMILIES, where the package's dynamic types (dynamic_yarn) may run.
+OWN_DYNAMIC = ("roformer",)
+DYNAMIC_FAMILIES = FAMILIES + OWN_DYNAMIC
 
 WINDOW = Param(
     default=REQUIRED,
@@ -25,13 +52,19 @@ def pretrained_length(params: dict, config) -> int:
     return int(params.get("original_max_position_embeddings") or config.max_position_embeddings)
 
 
+def unsupported_reason(model_type: str | None) -> str:
+    """Why the attention function does not serve ``model_type``."""
+    return REFUSED.get(model_type, "its attention module was not verified to apply RoPE the way this package needs")
+
+
 def check_family(params: dict, config) -> None:
     """The model family must be one whose attention modules these methods were written and tested for."""
     model_type = getattr(config, "model_type", None)
     if config is not None and model_type not in FAMILIES:
         raise ValueError(
             f"rope_parameters['rope_type']={params.get('rope_type')!r} is an attention-level type and "
-            f"config.model_type={model_type!r} does not support it; supported families: {list(FAMILIES)}"
+            f"config.model_type={model_type!r} does not support it ({unsupported_reason(model_type)}); "
+            f"supported families: {list(FAMILIES)}"
         )
 
 
@@ -45,4 +78,22 @@ def check_window(params: dict, config) -> None:
         raise ValueError(
             f"rope_parameters['window']={window!r} is larger than the pretrained length L0={limit} "
             f"(original_max_position_embeddings, else max_position_embeddings): allowed 1 <= window <= {limit}"
+        )
+
+
+def check_dynamic_family(params: dict, config) -> None:
+    """A dynamic frequency type only where no state outlives a call (issue 16).
+
+    On FAMILIES the attention function rotates with the frequencies for the current length; elsewhere
+    transformers' dynamic updater would keep the long input's attention factor after resetting ``inv_freq``
+    (the same short input then gives another output) and cache keys rotated under older frequencies.
+    """
+    model_type = getattr(config, "model_type", None)
+    if config is not None and model_type not in DYNAMIC_FAMILIES:
+        raise ValueError(
+            f"rope_parameters['rope_type']={params.get('rope_type')!r} recomputes its frequencies with the length and "
+            f"config.model_type={model_type!r} cannot run it without state: the package rotates it inside the "
+            f"attention function, which does not serve this family ({unsupported_reason(model_type)}), and "
+            "transformers' dynamic updater keeps the long input's attention factor after its reset; "
+            f"supported families: {list(DYNAMIC_FAMILIES)}"
         )

@@ -1,0 +1,277 @@
+"""Attention-level rope types on every family the attention function serves (issue 13), and ``dynamic_yarn``
+giving the same output for the same input whatever came before, on every family (issue 16).
+
+The reference scores every (query m, key n) pair pair by pair in float64 (as tests/test_attention_methods.py),
+extended with what the families add: partial rotary (dims past the rotary dim unrotated), the family's own softmax
+scale (Gemma's query_pre_attn_scalar, Granite's attention_multiplier), Gemma 2's score softcap, sliding windows
+(from the ``sliding_window`` the layer passes, mask built here from indices), rope parameters per layer type
+(Gemma 3's local/global thetas). It never reads the model's mask or the package's code.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY
+from huggingface_hub.errors import StrictDataclassError
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+from hf_rope_ext import registry
+from hf_rope_ext.attention.params import FAMILIES
+
+ATTENTION_METHODS = [m.name for m in registry.methods() if m.kind == "attention"]
+PARAMS = {  # every band matters in 24 tokens
+    "rerope": {"window": 5},
+    "leaky_rerope": {"window": 5, "factor": 2.5},
+    "self_extend": {"window": 5, "group_size": 3},
+    "xpos": {"scale_base": 8.0, "gamma": 0.4},
+    "roper": {},
+}
+# family -> config beyond conftest's TINY that makes its peculiarity matter in 24 tokens (windows of 6)
+SETUPS = {
+    "gemma": {"head_dim": 16},
+    "gemma2": {"head_dim": 24, "query_pre_attn_scalar": 20, "sliding_window": 6, "attn_logit_softcapping": 2.0},
+    "gemma3_text": {
+        "head_dim": 16,
+        "query_pre_attn_scalar": 20,
+        "sliding_window": 6,
+        "layer_types": ["sliding_attention", "full_attention"],
+    },
+    "granite": {"attention_multiplier": 0.2},
+    "llama": {},
+    "mistral": {"sliding_window": 6, "head_dim": 24},
+    "olmo2": {},
+    "phi3": {"partial_rotary_factor": 0.5, "sliding_window": 6, "pad_token_id": 0},
+    "qwen2": {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1},
+    "qwen3": {"head_dim": 24},
+    "stablelm": {"partial_rotary_factor": 0.5, "qk_layernorm": True},
+}
+EAGER_ONLY = {"gemma2"}  # transformers refuses sdpa for Gemma 2 (score softcapping)
+REFERENCE = "hf_rope_ext_test_family_reference"
+
+
+def test_setups_cover_every_supported_family():
+    assert set(SETUPS) == set(FAMILIES)
+    assert {"qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "stablelm", "olmo2", "granite"} <= set(FAMILIES)
+
+
+def rope_parameters(config, rope: dict) -> dict:
+    """``rope`` over the config's own parameters; per layer type when nested (each keeps its own theta)."""
+    current = config.rope_parameters
+    nested = [t for t in set(getattr(config, "layer_types", None) or ()) if isinstance(current.get(t), dict)]
+    if nested:
+        return {t: {**current[t], **rope} for t in nested}
+    return {**current, **rope}
+
+
+def build(family: str, rope: dict | None = None, implementation: str = "eager", seed: int = 0, **overrides):
+    """A tiny model of ``family``. Phi3Config's own check accepts only rope_type default/longrope at construction,
+    so, as ``from_pretrained(path, rope_parameters=...)`` does, the rope parameters are set on the built config."""
+    kwargs = {**TINY, **SETUPS[family], **overrides}
+    config = AutoConfig.for_model(family, **kwargs)
+    if rope is not None:
+        params = rope_parameters(config, rope)
+        if family == "phi3":
+            config.rope_parameters = params
+        else:
+            config = AutoConfig.for_model(family, **kwargs, rope_parameters=params)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=implementation).eval()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the slow reference
+
+
+def layer_params(module) -> dict:
+    params, layer_types = module.config.rope_parameters, getattr(module.config, "layer_types", None)
+    if layer_types is not None and isinstance(params.get(layer_types[module.layer_idx]), dict):
+        return params[layer_types[module.layer_idx]]
+    return params
+
+
+def distance(name: str, params: dict, m: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """The relative distance each method gives a query at m and a key at n (float64)."""
+    d = m - n
+    if name == "rerope":
+        return torch.clamp(d, max=params["window"])
+    if name == "leaky_rerope":
+        w, f = params["window"], params["factor"]
+        return torch.where(d < w, d, w + (d - w) / f)
+    if name == "self_extend":
+        w, g = params["window"], params["group_size"]
+        return torch.where(d < w, d, torch.floor(m / g) - torch.floor(n / g) + w - w // g)
+    return d
+
+
+def turn(x1, x2, phi):
+    """Each pair (x1_i, x2_i) turned by phi_i."""
+    return x1 * phi.cos() - x2 * phi.sin(), x1 * phi.sin() + x2 * phi.cos()
+
+
+def reference_attention(
+    module, query, key, value, attention_mask, scaling, dropout=0.0, position_ids=None, softcap=None, **kwargs
+):
+    """Float64, pair by pair, no cache, no padding. A layer whose type is not the package's got q/k rotated by the
+    model: its scores are plain dot products."""
+    params = {"scale_base": 512.0, "gamma": 0.4, **layer_params(module)}
+    name = params["rope_type"]
+    groups = query.shape[1] // key.shape[1]
+    q, k, v = (t.double() for t in (query, key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)))
+    b, _, length, dim = q.shape
+    r = int(dim * (params.get("partial_rotary_factor") or 1.0))  # rotary dims: pairs (i, i + r/2), i < r/2
+    h = r // 2
+    pos = position_ids.expand(b, length).double()
+    dist = distance(name, params, pos[:, None, :, None], pos[:, None, None, :])  # [B, 1, q, kv]
+    theta = 1.0 / params["rope_theta"] ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
+    phi = -dist[..., None] * theta * (name in PARAMS)  # [B, 1, q, kv, r/2]
+    k1, k2 = turn(k[:, :, None, :, :h], k[:, :, None, :, h:r], phi)  # keys turned per (query, key) pair
+    terms = q[:, :, :, None, :h] * k1 + q[:, :, :, None, h:r] * k2  # [B, H, q, kv, r/2]
+    if name == "xpos":
+        zeta = (torch.arange(h, dtype=torch.float64) * 2 / r + params["gamma"]) / (1 + params["gamma"])
+        terms = terms * zeta ** (dist.clamp(min=0)[..., None] / params["scale_base"])
+    scores = (terms.sum(-1) + q[..., r:] @ k[..., r:].transpose(-1, -2)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    i = torch.arange(length)
+    allowed = i[None, :] <= i[:, None]
+    if kwargs.get("sliding_window") is not None:
+        allowed = allowed & (i[:, None] - i[None, :] < kwargs["sliding_window"])
+    weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    if name == "roper":
+        v1, v2 = turn(v[:, :, None, :, :h], v[:, :, None, :, h:r], phi)  # v_n turned by (n - m) theta
+        rest = v[:, :, None, :, r:].expand(*v1.shape[:-1], dim - r)
+        out = torch.einsum("bhqk,bhqkd->bhqd", weights, torch.cat((v1, v2, rest), -1))
+    else:
+        out = weights @ v
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(REFERENCE, reference_attention)
+
+
+def logits(model, ids, **kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, **kwargs).logits
+
+
+def run_reference(model, ids, **kwargs) -> torch.Tensor:
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation(REFERENCE)
+    try:
+        return logits(model, ids, **kwargs)
+    finally:
+        model.set_attn_implementation(implementation)
+
+
+IDS = torch.randint(3, 97, (2, 24), generator=torch.Generator().manual_seed(1))
+CASES = [(f, i) for f in sorted(FAMILIES) for i in ("eager", "sdpa") if not (i == "sdpa" and f in EAGER_ONLY)]
+
+
+@pytest.mark.parametrize("family, implementation", CASES, ids=[f"{f}-{i}" for f, i in CASES])
+@pytest.mark.parametrize("name", ATTENTION_METHODS)
+def test_matches_the_slow_reference(family, implementation, name):
+    model = build(family, {"rope_type": name, **PARAMS[name]}, implementation)
+    pos = torch.arange(7, 7 + IDS.shape[1])[None]
+    expected = run_reference(model, IDS, position_ids=pos)
+    torch.testing.assert_close(logits(model, IDS, position_ids=pos), expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["rerope", "self_extend"])
+def test_gemma3_global_layers_only_leave_local_layers_stock(name):
+    """The type on the global layers only; local layers keep transformers' own rotary (and theta 10000)."""
+    model = build("gemma3_text", None, "sdpa")
+    params = model.config.rope_parameters
+    params["full_attention"] = {**params["full_attention"], "rope_type": name, **PARAMS[name]}
+    model = build("gemma3_text", None, "sdpa", rope_parameters=params)
+    rotary = model.model.rotary_emb
+    assert rotary.full_attention_inv_freq.abs().max() == 0 and rotary.sliding_attention_inv_freq.abs().max() > 0
+    pos = torch.arange(IDS.shape[1])[None]
+    torch.testing.assert_close(logits(model, IDS, position_ids=pos), run_reference(model, IDS, position_ids=pos))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the KV cache
+
+
+def generate(model, use_cache: bool):
+    """Two prompts of 12, the second left-padded by 4; 8 new tokens (so sliding windows of 6 drop keys)."""
+    ids = torch.randint(3, 97, (2, 12), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    ids[1, :4] = 0
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=8,
+        do_sample=False,
+        use_cache=use_cache,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    return out.sequences, torch.stack(out.logits, 1)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("name", ATTENTION_METHODS)
+def test_cache_equals_no_cache_with_left_padding(family, name):
+    implementation = "eager" if family in EAGER_ONLY else "sdpa"
+    model = build(family, {"rope_type": name, **PARAMS[name]}, implementation)
+    tokens, step_logits = generate(model, use_cache=True)
+    recomputed_tokens, recomputed_logits = generate(model, use_cache=False)
+    assert torch.equal(tokens, recomputed_tokens)
+    torch.testing.assert_close(step_logits, recomputed_logits, rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# dynamic_yarn (issue 16)
+
+
+def scalings(model) -> list[float]:
+    """Every attention factor the rotary module multiplies cos/sin by (one per layer type for Gemma 3)."""
+    rotary = model.model.rotary_emb
+    return [v for k, v in vars(rotary).items() if k.endswith("attention_scaling")]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_dynamic_yarn_same_output_whatever_came_before(family):
+    """L0 = 16: a 10-token input, a 56-token one (factor 3.5), the 10-token input again, with and without a cache;
+    inside L0 it equals the unscaled model, and the rotary module's attention factor is 1."""
+    implementation = "eager" if family in EAGER_ONLY else "sdpa"
+    dyn = build(family, {"rope_type": "dynamic_yarn"}, implementation, max_position_embeddings=16)
+    plain = build(family, None, implementation, max_position_embeddings=16)
+    short, long = IDS[:, :10], torch.randint(3, 97, (2, 56), generator=torch.Generator().manual_seed(3))
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    before, before_cached = logits(dyn, short), torch.stack(dyn.generate(short, **kwargs).logits, 1)
+    far = logits(dyn, long)
+    dyn.generate(long, **kwargs)
+    assert all(s == 1.0 for s in scalings(dyn))
+    torch.testing.assert_close(logits(dyn, short), before, rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.stack(dyn.generate(short, **kwargs).logits, 1), before_cached, rtol=0, atol=1e-6)
+    torch.testing.assert_close(before, logits(plain, short), rtol=0, atol=1e-5)
+    assert (far - logits(plain, long)).abs().max() > 1e-4  # beyond L0 it does scale (errors above are ~1e-7)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what is refused
+
+
+def test_softcap_with_sdpa_is_refused_naming_family_and_what_to_do():
+    model = build("gemma2", {"rope_type": "rerope", "window": 5})
+    attention = model.model.layers[0].self_attn
+    q = torch.zeros(1, 4, 3, 24)
+    with pytest.raises(ValueError, match=r"model_type='gemma2'.*attn_logit_softcapping=2\.0.*'sdpa'.*rerope.*eager"):
+        ALL_ATTENTION_FUNCTIONS["sdpa"](
+            attention, q, q[:, :2], q[:, :2], None, softcap=2.0, position_ids=torch.arange(3)[None]
+        )
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "rerope", "window": 5}, {"rope_type": "dynamic_yarn"}])
+def test_unsupported_family_is_refused_with_the_reason(rope):
+    """Cohere rotates interleaved pairs in its attention module: neither type can be served there."""
+    with pytest.raises((ValueError, StrictDataclassError)) as excinfo:
+        AutoConfig.for_model("cohere", **TINY, rope_parameters={"rope_theta": 10000.0, **rope})
+    text = f"{excinfo.value} {excinfo.value.__cause__ or ''}"
+    assert "model_type='cohere'" in text and "interleaved" in text and rope["rope_type"] in text and "llama" in text
