@@ -19,8 +19,8 @@ from transformers import (
     RoFormerForCausalLM,
     RoFormerForMaskedLM,
     RoFormerForSequenceClassification,
+    modeling_rope_utils,
 )
-from transformers import modeling_rope_utils
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 from transformers.models.roformer import modeling_roformer
 
