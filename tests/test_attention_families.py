@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import TINY
 from huggingface_hub.errors import StrictDataclassError
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, RoFormerConfig, RoFormerForCausalLM
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 from hf_rope_ext import registry
@@ -178,6 +178,16 @@ def test_matches_the_slow_reference(family, implementation, name):
     torch.testing.assert_close(logits(model, IDS, position_ids=pos), expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("family, implementation", CASES, ids=[f"{f}-{i}" for f, i in CASES])
+def test_rerope_past_the_input_is_the_stock_family(family, implementation):
+    """Distances below the window are plain RoPE: the family's own rotary (partial dims, thetas per layer type,
+    scale, softcap, windows) and the package's rotation inside attention give the same logits."""
+    stock = build(family, None, implementation)
+    model = build(family, {"rope_type": "rerope", "window": 64}, implementation)
+    assert model.model.layers[0].self_attn.config.rope_parameters != stock.config.rope_parameters
+    torch.testing.assert_close(logits(model, IDS), logits(stock, IDS), rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["rerope", "self_extend"])
 def test_gemma3_global_layers_only_leave_local_layers_stock(name):
     """The type on the global layers only; local layers keep transformers' own rotary (and theta 10000)."""
@@ -254,8 +264,45 @@ def test_dynamic_yarn_same_output_whatever_came_before(family):
     assert (far - logits(plain, long)).abs().max() > 1e-4  # beyond L0 it does scale (errors above are ~1e-7)
 
 
+def test_dynamic_yarn_on_roformer_same_output_whatever_came_before():
+    """RoFormer accepts dynamic_yarn too: its own table is recomputed for each call's length, with no state kept."""
+    config = RoFormerConfig(
+        vocab_size=61,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=16,
+        is_decoder=True,
+        initializer_range=0.2,
+        rope_parameters={"rope_type": "dynamic_yarn"},
+    )
+    torch.manual_seed(0)
+    model = RoFormerForCausalLM(config).eval()
+    short, long = IDS[:, :10] % 61, torch.randint(3, 61, (2, 56), generator=torch.Generator().manual_seed(3))
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    before, before_cached = logits(model, short), torch.stack(model.generate(short, **kwargs).logits, 1)
+    logits(model, long)
+    model.generate(long, **kwargs)
+    torch.testing.assert_close(logits(model, short), before, rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.stack(model.generate(short, **kwargs).logits, 1), before_cached, rtol=0, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # what is refused
+
+
+def test_sliding_layer_without_a_mask_past_its_window_is_refused():
+    """transformers drops the mask only when every key is inside the window; the window is applied through it."""
+    model = build("mistral", {"rope_type": "rerope", "window": 5}, "sdpa")
+    attention = model.model.layers[0].self_attn
+    q, k = torch.zeros(1, 4, 8, 24), torch.zeros(1, 2, 8, 24)
+    call = dict(position_ids=torch.arange(8)[None])
+    with pytest.raises(ValueError, match=r"sliding_window=6.*model_type='mistral'.*8 keys and no attention mask"):
+        ALL_ATTENTION_FUNCTIONS["sdpa"](attention, q, k, k, None, sliding_window=6, **call)
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"](
+        attention, q[:, :, :6], k[:, :, :6], k[:, :, :6], None, sliding_window=6, position_ids=torch.arange(6)[None]
+    )[0].shape == (1, 6, 4, 24)
 
 
 def test_softcap_with_sdpa_is_refused_naming_family_and_what_to_do():

@@ -11,6 +11,7 @@ import torch
 
 from .. import registry
 from .kernel import KERNELS
+from .params import unsupported_reason
 from .positions import chunk_mask, key_positions, query_positions
 from .scoring import SCORERS, Call, filled, routes_through_attention
 
@@ -51,7 +52,8 @@ def check_module(module, name: str, implementation: str) -> registry.RopeMethod:
     model_type = getattr(module.config, "model_type", None)
     if method.families is not None and model_type not in method.families:
         raise ValueError(
-            f"rope_type={name!r} does not support model_type={model_type!r}; supported: {list(method.families)}"
+            f"rope_type={name!r} does not support model_type={model_type!r} ({unsupported_reason(model_type)}); "
+            f"supported: {list(method.families)}"
         )
     if implementation not in KERNELS:
         raise ValueError(
