@@ -30,6 +30,8 @@ PARAMS = {  # every band matters in 24 tokens
 }
 # family -> config beyond conftest's TINY that makes its peculiarity matter in 24 tokens (windows of 6)
 SETUPS = {
+    "arcee": {},
+    "exaone4": {"sliding_window": 6, "layer_types": ["sliding_attention", "full_attention"]},  # global layer NoPE
     "gemma": {"head_dim": 16},
     "gemma2": {"head_dim": 24, "query_pre_attn_scalar": 20, "sliding_window": 6, "attn_logit_softcapping": 2.0},
     "gemma3_text": {
@@ -38,14 +40,26 @@ SETUPS = {
         "sliding_window": 6,
         "layer_types": ["sliding_attention", "full_attention"],
     },
+    "gpt_neox": {"num_key_value_heads": 4},  # fused query_key_value, 25% rotary
     "granite": {"attention_multiplier": 0.2},
+    "granitemoe": {"attention_multiplier": 0.2, "num_local_experts": 2},
     "llama": {},
+    "ministral": {"head_dim": 16, "sliding_window": 6, "layer_types": ["sliding_attention", "full_attention"]},
     "mistral": {"sliding_window": 6, "head_dim": 24},
+    "mixtral": {"sliding_window": 6, "num_local_experts": 2},
+    "olmo": {"clip_qkv": 0.5},
     "olmo2": {},
+    "olmo3": {"sliding_window": 6, "layer_types": ["sliding_attention", "full_attention"]},
+    "phi": {"partial_rotary_factor": 0.5, "qk_layernorm": True},
     "phi3": {"partial_rotary_factor": 0.5, "sliding_window": 6, "pad_token_id": 0},
     "qwen2": {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1},
+    "qwen2_moe": {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32},
     "qwen3": {"head_dim": 24},
+    "qwen3_moe": {"head_dim": 24, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32},
+    "seed_oss": {},
+    "smollm3": {"pad_token_id": 0, "no_rope_layers": [1, 0]},  # second layer NoPE
     "stablelm": {"partial_rotary_factor": 0.5, "qk_layernorm": True},
+    "starcoder2": {"sliding_window": 6},
 }
 EAGER_ONLY = {"gemma2"}  # transformers refuses sdpa for Gemma 2 (score softcapping)
 REFERENCE = "hf_rope_ext_test_family_reference"
@@ -91,6 +105,16 @@ def layer_params(module) -> dict:
     return params
 
 
+def family_rotates(module) -> bool:
+    """As the families' modeling files decide: SmolLM3's no_rope_layers, EXAONE 4's global layers with a window."""
+    config = module.config
+    if config.model_type == "smollm3":
+        return bool(config.no_rope_layers[module.layer_idx])
+    if config.model_type == "exaone4":
+        return config.sliding_window is None or config.layer_types[module.layer_idx] == "sliding_attention"
+    return True
+
+
 def distance(name: str, params: dict, m: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """The relative distance each method gives a query at m and a key at n (float64)."""
     d = m - n
@@ -114,7 +138,7 @@ def reference_attention(
     module, query, key, value, attention_mask, scaling, dropout=0.0, position_ids=None, softcap=None, **kwargs
 ):
     """Float64, pair by pair, no cache, no padding. A layer whose type is not the package's got q/k rotated by the
-    model: its scores are plain dot products."""
+    model, a NoPE layer none: their scores are plain dot products."""
     params = {"scale_base": 512.0, "gamma": 0.4, **layer_params(module)}
     name = params["rope_type"]
     groups = query.shape[1] // key.shape[1]
@@ -125,10 +149,10 @@ def reference_attention(
     pos = position_ids.expand(b, length).double()
     dist = distance(name, params, pos[:, None, :, None], pos[:, None, None, :])  # [B, 1, q, kv]
     theta = 1.0 / params["rope_theta"] ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
-    phi = -dist[..., None] * theta * (name in PARAMS)  # [B, 1, q, kv, r/2]
+    phi = -dist[..., None] * theta * (name in PARAMS and family_rotates(module))  # [B, 1, q, kv, r/2]
     k1, k2 = turn(k[:, :, None, :, :h], k[:, :, None, :, h:r], phi)  # keys turned per (query, key) pair
     terms = q[:, :, :, None, :h] * k1 + q[:, :, :, None, h:r] * k2  # [B, H, q, kv, r/2]
-    if name == "xpos":
+    if name == "xpos" and family_rotates(module):
         zeta = (torch.arange(h, dtype=torch.float64) * 2 / r + params["gamma"]) / (1 + params["gamma"])
         terms = terms * zeta ** (dist.clamp(min=0)[..., None] / params["scale_base"])
     scores = (terms.sum(-1) + q[..., r:] @ k[..., r:].transpose(-1, -2)) * scaling
@@ -139,7 +163,7 @@ def reference_attention(
     if kwargs.get("sliding_window") is not None:
         allowed = allowed & (i[:, None] - i[None, :] < kwargs["sliding_window"])
     weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-    if name == "roper":
+    if name == "roper" and family_rotates(module):
         v1, v2 = turn(v[:, :, None, :, :h], v[:, :, None, :, h:r], phi)  # v_n turned by (n - m) theta
         rest = v[:, :, None, :, r:].expand(*v1.shape[:-1], dim - r)
         out = torch.einsum("bhqk,bhqkd->bhqd", weights, torch.cat((v1, v2, rest), -1))
@@ -184,7 +208,7 @@ def test_rerope_past_the_input_is_the_stock_family(family, implementation):
     scale, softcap, windows) and the package's rotation inside attention give the same logits."""
     stock = build(family, None, implementation)
     model = build(family, {"rope_type": "rerope", "window": 64}, implementation)
-    assert model.model.layers[0].self_attn.config.rope_parameters != stock.config.rope_parameters
+    assert model.config.rope_parameters != stock.config.rope_parameters
     torch.testing.assert_close(logits(model, IDS), logits(stock, IDS), rtol=0, atol=1e-5)
 
 
@@ -195,7 +219,7 @@ def test_gemma3_global_layers_only_leave_local_layers_stock(name):
     params = model.config.rope_parameters
     params["full_attention"] = {**params["full_attention"], "rope_type": name, **PARAMS[name]}
     model = build("gemma3_text", None, "sdpa", rope_parameters=params)
-    rotary = model.model.rotary_emb
+    rotary = model.base_model.rotary_emb
     assert rotary.full_attention_inv_freq.abs().max() == 0 and rotary.sliding_attention_inv_freq.abs().max() > 0
     pos = torch.arange(IDS.shape[1])[None]
     torch.testing.assert_close(logits(model, IDS, position_ids=pos), run_reference(model, IDS, position_ids=pos))
@@ -206,15 +230,15 @@ def test_gemma3_global_layers_only_leave_local_layers_stock(name):
 
 
 def generate(model, use_cache: bool):
-    """Two prompts of 12, the second left-padded by 4; 8 new tokens (so sliding windows of 6 drop keys)."""
-    ids = torch.randint(3, 97, (2, 12), generator=torch.Generator().manual_seed(5))
+    """Two prompts of 10, the second left-padded by 3; 6 new tokens (so sliding windows of 6 drop keys)."""
+    ids = torch.randint(3, 97, (2, 10), generator=torch.Generator().manual_seed(5))
     mask = torch.ones_like(ids)
-    mask[1, :4] = 0
-    ids[1, :4] = 0
+    mask[1, :3] = 0
+    ids[1, :3] = 0
     out = model.generate(
         ids,
         attention_mask=mask,
-        max_new_tokens=8,
+        max_new_tokens=6,
         do_sample=False,
         use_cache=use_cache,
         pad_token_id=0,
@@ -241,7 +265,7 @@ def test_cache_equals_no_cache_with_left_padding(family, name):
 
 def scalings(model) -> list[float]:
     """Every attention factor the rotary module multiplies cos/sin by (one per layer type for Gemma 3)."""
-    rotary = model.model.rotary_emb
+    rotary = model.base_model.rotary_emb
     return [v for k, v in vars(rotary).items() if k.endswith("attention_scaling")]
 
 
@@ -295,7 +319,7 @@ def test_dynamic_yarn_on_roformer_same_output_whatever_came_before():
 def test_sliding_layer_without_a_mask_past_its_window_is_refused():
     """transformers drops the mask only when every key is inside the window; the window is applied through it."""
     model = build("mistral", {"rope_type": "rerope", "window": 5}, "sdpa")
-    attention = model.model.layers[0].self_attn
+    attention = model.base_model.layers[0].self_attn
     q, k = torch.zeros(1, 4, 8, 24), torch.zeros(1, 2, 8, 24)
     call = dict(position_ids=torch.arange(8)[None])
     with pytest.raises(ValueError, match=r"sliding_window=6.*model_type='mistral'.*8 keys and no attention mask"):
@@ -307,7 +331,7 @@ def test_sliding_layer_without_a_mask_past_its_window_is_refused():
 
 def test_softcap_with_sdpa_is_refused_naming_family_and_what_to_do():
     model = build("gemma2", {"rope_type": "rerope", "window": 5})
-    attention = model.model.layers[0].self_attn
+    attention = model.base_model.layers[0].self_attn
     q = torch.zeros(1, 4, 3, 24)
     with pytest.raises(ValueError, match=r"model_type='gemma2'.*attn_logit_softcapping=2\.0.*'sdpa'.*rerope.*eager"):
         ALL_ATTENTION_FUNCTIONS["sdpa"](

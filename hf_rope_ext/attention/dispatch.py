@@ -11,7 +11,7 @@ import torch
 
 from .. import registry
 from .kernel import KERNELS
-from .params import unsupported_reason
+from .params import is_nope_layer, unsupported_reason
 from .positions import chunk_mask, key_positions, query_positions
 from .scoring import SCORERS, Call, filled, routes_through_attention
 
@@ -41,7 +41,7 @@ def layer_rope(module) -> tuple[dict, str | None] | None:
 def attention_type_of(module) -> str | None:
     """The package's attention-level rope_type that this module uses, or None (stock attention)."""
     found = layer_rope(module)
-    if found is None or found[0] is None:
+    if found is None or found[0] is None or is_nope_layer(module):
         return None
     name = found[0].get("rope_type", found[0].get("type"))
     return name if name in SCORERS and routes_through_attention(name, module.config) else None
