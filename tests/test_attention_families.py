@@ -329,6 +329,14 @@ def test_sliding_layer_without_a_mask_past_its_window_is_refused():
     )[0].shape == (1, 6, 4, 24)
 
 
+def test_gemma3_flat_type_beside_per_layer_parameters_is_refused():
+    """transformers keeps a flat dict beside Gemma 3's per-layer-type ones, and its rotary module ignores it."""
+    model = build("gemma3_text")
+    model.config.rope_parameters.update({"rope_type": "rerope", "window": 5})
+    with pytest.raises(ValueError, match=r"'rerope' is set beside the per-layer-type entries.*gemma3_text"):
+        logits(model, IDS)
+
+
 def test_softcap_with_sdpa_is_refused_naming_family_and_what_to_do():
     model = build("gemma2", {"rope_type": "rerope", "window": 5})
     attention = model.base_model.layers[0].self_attn

@@ -32,10 +32,23 @@ def layer_rope(module) -> tuple[dict, str | None] | None:
     layer_idx = getattr(module, "layer_idx", None)
     if layer_types is not None and layer_idx is not None and layer_types[layer_idx] in params:
         layer_type = layer_types[layer_idx]
+        refuse_flat_beside_nested(config, params)
         return params[layer_type] or None, layer_type  # None: a layer without RoPE
     if "rope_type" in params or "type" in params:
         return params, None
     return None
+
+
+def refuse_flat_beside_nested(config, params: dict) -> None:
+    """A package type given flat to a config with per-layer-type parameters would be ignored: refuse it."""
+    stray = params.get("rope_type", params.get("type"))
+    if stray is not None and stray in registry.available_rope_types():
+        nested = sorted(k for k, v in params.items() if isinstance(v, dict))
+        raise ValueError(
+            f"rope_parameters['rope_type']={stray!r} is set beside the per-layer-type entries {nested} of "
+            f"model_type={getattr(config, 'model_type', None)!r}, whose rotary module reads only those: put the type "
+            f"in each layer type's dict, e.g. rope_parameters={{{nested[0]!r}: {{'rope_type': {stray!r}, ...}}, ...}}"
+        )
 
 
 def attention_type_of(module) -> str | None:
