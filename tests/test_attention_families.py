@@ -15,6 +15,7 @@ import torch
 from conftest import TINY
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM, RoFormerConfig, RoFormerForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 from hf_rope_ext import registry
@@ -210,6 +211,20 @@ def test_rerope_past_the_input_is_the_stock_family(family, implementation):
     model = build(family, {"rope_type": "rerope", "window": 64}, implementation)
     assert model.config.rope_parameters != stock.config.rope_parameters
     torch.testing.assert_close(logits(model, IDS), logits(stock, IDS), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family, implementation", CASES, ids=[f"{f}-{i}" for f, i in CASES])
+def test_stock_family_is_bit_identical_through_the_registered_functions(family, implementation, monkeypatch):
+    model = build(family, None, implementation)
+    mask = torch.ones_like(IDS)
+    mask[0, :3] = 0
+    assert hasattr(AttentionInterface._global_mapping[implementation], "hf_rope_ext_stock")  # the package's
+    ours = logits(model, IDS, attention_mask=mask)
+    mapping = dict(AttentionInterface._global_mapping)
+    mapping.pop("eager")  # transformers' own state: the model's eager_attention_forward is the default
+    mapping["sdpa"] = sdpa_attention_forward
+    monkeypatch.setattr(AttentionInterface, "_global_mapping", mapping)
+    assert torch.equal(ours, logits(model, IDS, attention_mask=mask))
 
 
 @pytest.mark.parametrize("name", ["rerope", "self_extend"])
