@@ -299,6 +299,7 @@ def test_dynamic_yarn_same_output_whatever_came_before(family):
     assert all(s == 1.0 for s in scalings(dyn))
     torch.testing.assert_close(logits(dyn, short), before, rtol=0, atol=1e-6)
     torch.testing.assert_close(torch.stack(dyn.generate(short, **kwargs).logits, 1), before_cached, rtol=0, atol=1e-6)
+    assert all(s == 1.0 for s in scalings(dyn))  # inside L0 again
     torch.testing.assert_close(before, logits(plain, short), rtol=0, atol=1e-5)
     assert (far - logits(plain, long)).abs().max() > 1e-4  # beyond L0 it does scale (errors above are ~1e-7)
 
