@@ -203,6 +203,18 @@ def test_matches_the_slow_reference(family, implementation, name):
     torch.testing.assert_close(logits(model, IDS, position_ids=pos), expected, rtol=0, atol=1e-5)
 
 
+SLIDING = sorted(f for f, setup in SETUPS.items() if "sliding_window" in setup)
+
+
+@pytest.mark.parametrize("family", SLIDING)
+def test_input_shorter_than_the_sliding_window_matches_the_reference(family):
+    """sdpa: transformers passes no mask while every key is inside the window (5 tokens, window 6)."""
+    model = build(family, {"rope_type": "rerope", "window": 2}, "eager" if family in EAGER_ONLY else "sdpa")
+    pos = torch.arange(3, 8)[None]
+    expected = run_reference(model, IDS[:, :5], position_ids=pos)
+    torch.testing.assert_close(logits(model, IDS[:, :5], position_ids=pos), expected, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("family, implementation", CASES, ids=[f"{f}-{i}" for f, i in CASES])
 def test_rerope_past_the_input_is_the_stock_family(family, implementation):
     """Distances below the window are plain RoPE: the family's own rotary (partial dims, thetas per layer type,
