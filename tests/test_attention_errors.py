@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import needs_legacy_kwarg, tiny_config, tiny_model
 from huggingface_hub.errors import StrictDataclassError
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.integrations.flash_attention import flash_attention_forward
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
@@ -54,10 +54,11 @@ def test_missing_required_parameter_is_a_key_error(name, key):
 
 @pytest.mark.parametrize("method", ATTENTION_METHODS, ids=lambda m: m.name)
 def test_unsupported_family_is_refused(method):
+    rope = {"rope_theta": 10000.0, **registry.example_parameters(method)}
     with pytest.raises((ValueError, StrictDataclassError)) as excinfo:
-        tiny_config("qwen2", rope_parameters=registry.example_parameters(method))
+        AutoConfig.for_model("cohere", rope_parameters=rope)  # rotates interleaved pairs in its attention module
     text = error_text(excinfo)
-    assert "model_type='qwen2'" in text and "llama" in text and method.name in text
+    assert "model_type='cohere'" in text and "llama" in text and method.name in text
 
 
 @pytest.mark.parametrize("implementation", ["flash_attention_2", "flash_attention_3", "flex_attention", "paged|eager"])

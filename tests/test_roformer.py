@@ -19,6 +19,7 @@ from transformers import (
     RoFormerForCausalLM,
     RoFormerForMaskedLM,
     RoFormerForSequenceClassification,
+    modeling_rope_utils,
 )
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 from transformers.models.roformer import modeling_roformer
@@ -231,16 +232,18 @@ def test_rope_theta_equals_table_with_that_base(overrides):
 
 @pytest.mark.parametrize("length", [MAX_POS // 2, 4 * MAX_POS])
 @pytest.mark.parametrize("rope_type", FREQUENCY_TYPES + ["dynamic_yarn-L0"])
-def test_rows_match_transformers_rotary_embedding(rope_type, length):
+def test_rows_match_transformers_rotary_embedding(rope_type, length, monkeypatch):
     """RoFormer's rows equal transformers' own cos/sin (a stock rotary module), within and past the table."""
+    if rope_type.startswith("dynamic_yarn"):  # Qwen2 rotates it in the attention function: give the rotary module
+        method = registry.get_method("dynamic_yarn")  # (and transformers' dynamic updater) the real frequencies
+        monkeypatch.setitem(modeling_rope_utils.ROPE_INIT_FUNCTIONS, "dynamic_yarn", method.frequencies)
     if rope_type == "dynamic_yarn-L0":  # L0 below max_position_embeddings: transformers keeps s = max/L0 up to max
         params = {"rope_type": "dynamic_yarn", "original_max_position_embeddings": MAX_POS // 4}
     else:
         params = example(rope_type)
     model = build(rope_parameters=dict(params))
     rows = model.roformer.encoder.embed_positions((1, length), 0)
-    # Qwen2's rotary module: a family whose rotary computes every frequency type itself (Llama's leaves the
-    # package's dynamic types to the attention function)
+    # Qwen2's rotary module: transformers' own cos/sin of every frequency type
     qwen2 = Qwen2Config(
         hidden_size=HIDDEN, num_attention_heads=HEADS, max_position_embeddings=MAX_POS, rope_parameters=dict(params)
     )

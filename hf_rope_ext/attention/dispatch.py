@@ -11,6 +11,7 @@ import torch
 
 from .. import registry
 from .kernel import KERNELS
+from .params import is_nope_layer, unsupported_reason
 from .positions import chunk_mask, key_positions, query_positions
 from .scoring import SCORERS, Call, filled, routes_through_attention
 
@@ -18,25 +19,42 @@ SCORE_BUDGET = 2**26  # score elements per band and query chunk (256 MiB in floa
 
 
 def layer_rope(module) -> tuple[dict, str | None] | None:
-    """(flat rope_parameters, layer_type) of this attention module, or None when it has none."""
+    """(rope_parameters of this attention module's layer, layer_type or None when flat), or None when it has none.
+
+    Nested per layer type (Gemma 3's local/global layers) when the entry of the module's ``layer_types[layer_idx]``
+    is a dict, as the rotary module reads them; else flat (Qwen2 and Gemma 2 have ``layer_types`` but flat ones).
+    """
     config = getattr(module, "config", None)
     params = getattr(config, "rope_parameters", None)
     if not params:
         return None
-    if "rope_type" in params or "type" in params:
-        return params, None
     layer_types = getattr(config, "layer_types", None)
     layer_idx = getattr(module, "layer_idx", None)
-    if layer_types is None or layer_idx is None:
-        return None
-    layer_type = layer_types[layer_idx]
-    return params.get(layer_type) or None, layer_type
+    if layer_types is not None and layer_idx is not None and layer_types[layer_idx] in params:
+        layer_type = layer_types[layer_idx]
+        refuse_flat_beside_nested(config, params)
+        return params[layer_type] or None, layer_type  # None: a layer without RoPE
+    if "rope_type" in params or "type" in params:
+        return params, None
+    return None
+
+
+def refuse_flat_beside_nested(config, params: dict) -> None:
+    """A package type given flat to a config with per-layer-type parameters would be ignored: refuse it."""
+    stray = params.get("rope_type", params.get("type"))
+    if stray is not None and stray in registry.available_rope_types():
+        nested = sorted(k for k, v in params.items() if isinstance(v, dict))
+        raise ValueError(
+            f"rope_parameters['rope_type']={stray!r} is set beside the per-layer-type entries {nested} of "
+            f"model_type={getattr(config, 'model_type', None)!r}, whose rotary module reads only those: put the type "
+            f"in each layer type's dict, e.g. rope_parameters={{{nested[0]!r}: {{'rope_type': {stray!r}, ...}}, ...}}"
+        )
 
 
 def attention_type_of(module) -> str | None:
     """The package's attention-level rope_type that this module uses, or None (stock attention)."""
     found = layer_rope(module)
-    if found is None or found[0] is None:
+    if found is None or found[0] is None or is_nope_layer(module):
         return None
     name = found[0].get("rope_type", found[0].get("type"))
     return name if name in SCORERS and routes_through_attention(name, module.config) else None
@@ -47,7 +65,8 @@ def check_module(module, name: str, implementation: str) -> registry.RopeMethod:
     model_type = getattr(module.config, "model_type", None)
     if method.families is not None and model_type not in method.families:
         raise ValueError(
-            f"rope_type={name!r} does not support model_type={model_type!r}; supported: {list(method.families)}"
+            f"rope_type={name!r} does not support model_type={model_type!r} ({unsupported_reason(model_type)}); "
+            f"supported: {list(method.families)}"
         )
     if implementation not in KERNELS:
         raise ValueError(
@@ -85,10 +104,29 @@ def make_call(module, name, query, key, value, mask, position_ids) -> Call:
     return Call(query, expanded_key, expanded_value, q_pos, k_pos, inv_freq, params, score_scale)
 
 
-def refuse_extras(name: str, kwargs: dict) -> None:
-    for key in ("softcap", "position_bias"):
-        if kwargs.get(key) is not None:
-            raise ValueError(f"{key}={kwargs[key]!r} is not supported with rope_type={name!r}")
+def refuse_extras(module, name: str, implementation: str, kwargs: dict) -> float | None:
+    """The score softcap to apply (None: none); raises for what the kernels cannot apply."""
+    model_type = getattr(module.config, "model_type", None)
+    if kwargs.get("position_bias") is not None:
+        raise ValueError(f"position_bias={kwargs['position_bias']!r} is not supported with rope_type={name!r}")
+    softcap = kwargs.get("softcap")
+    if softcap is not None and implementation != "eager":
+        raise ValueError(
+            f"model_type={model_type!r} caps attention scores (attn_logit_softcapping={softcap!r}), which "
+            f"attn_implementation={implementation!r} cannot apply with rope_type={name!r}; "
+            'load the model with attn_implementation="eager"'
+        )
+    return softcap
+
+
+def check_window_mask(module, name: str, mask, key, sliding_window) -> None:
+    """A sliding-window layer keeps its window through the mask: without one, every key must be inside it."""
+    if mask is None and sliding_window is not None and key.shape[2] > sliding_window:
+        raise ValueError(
+            f"a sliding-window layer (sliding_window={sliding_window}) of model_type="
+            f"{getattr(module.config, 'model_type', None)!r} got {key.shape[2]} keys and no attention mask; "
+            f"rope_type={name!r} applies the window through the mask transformers builds for it"
+        )
 
 
 def crop_empty_slots(query, key, value, mask):
@@ -99,7 +137,9 @@ def crop_empty_slots(query, key, value, mask):
     return key, value
 
 
-def run_chunks(implementation, scorer, call: Call, mask, causal: bool, scale: float, dropout: float, training: bool):
+def run_chunks(
+    implementation, scorer, call: Call, mask, causal: bool, scale: float, dropout: float, training: bool, softcap=None
+):
     """The attention output [B, H, q, dv], one query chunk at a time."""
     rows_list = chunk_rows(scorer, call, scorer.bands_count)
     q_len, kv_len, outputs = call.query.shape[2], call.key.shape[2], []
@@ -107,6 +147,8 @@ def run_chunks(implementation, scorer, call: Call, mask, causal: bool, scale: fl
         bands = scorer.bands(call, rows)
         fast = implementation == "sdpa" and mask is None and len(rows_list) == 1 and bands.far is None
         extra = {"is_causal": causal and q_len > 1} if fast else {}
+        if softcap is not None:  # eager only (refuse_extras): families with attn_logit_softcapping (Gemma 2)
+            extra["softcap"] = softcap
         rows_mask = None if fast else chunk_mask(mask, causal, rows, q_len, kv_len, call.query.device)
         out = KERNELS[implementation](bands, call.state["value"], rows_mask, scale, dropout, training, **extra)
         outputs.append(scorer.finish(call, out, rows))
@@ -117,12 +159,13 @@ def attend(implementation: str, module, query, key, value, attention_mask, scali
     """transformers' attention-function signature; returns (output [B, q, H, dv], None: no weights kept)."""
     name = attention_type_of(module)
     check_module(module, name, implementation)
-    refuse_extras(name, kwargs)
+    softcap = refuse_extras(module, name, implementation, kwargs)
     key, value = crop_empty_slots(query, key, value, attention_mask)
+    check_window_mask(module, name, attention_mask, key, kwargs.get("sliding_window"))
     call = make_call(module, name, query, key, value, attention_mask, kwargs.get("position_ids"))
     scorer = SCORERS[name]
     scorer.prepare(call)
     causal = kwargs.get("is_causal") if kwargs.get("is_causal") is not None else getattr(module, "is_causal", True)
     scale = (scaling if scaling is not None else query.shape[-1] ** -0.5) * call.score_scale
-    out = run_chunks(implementation, scorer, call, attention_mask, causal, scale, dropout, module.training)
+    out = run_chunks(implementation, scorer, call, attention_mask, causal, scale, dropout, module.training, softcap)
     return out.transpose(1, 2).contiguous(), None

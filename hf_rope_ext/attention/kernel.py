@@ -30,12 +30,17 @@ def additive(mask: torch.Tensor | None, dtype) -> torch.Tensor | None:
     return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
-def eager(bands: Bands, value, mask, scale: float, dropout: float, training: bool) -> torch.Tensor:
-    """Explicit scores, as transformers' eager_attention_forward; returns [B, H, c, dv]."""
+def eager(bands: Bands, value, mask, scale: float, dropout: float, training: bool, softcap=None) -> torch.Tensor:
+    """Explicit scores, as transformers' eager_attention_forward; returns [B, H, c, dv].
+
+    ``softcap`` (Gemma 2's attn_logit_softcapping): each scaled score s becomes softcap * tanh(s / softcap).
+    """
     scores = bands.queries[0] @ bands.keys[0].transpose(-1, -2)
     if bands.far is not None:
         scores = torch.where(bands.far, bands.queries[1] @ bands.keys[1].transpose(-1, -2), scores)
     scores = scores * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores + additive(mask, scores.dtype)
     weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(bands.queries[0].dtype)

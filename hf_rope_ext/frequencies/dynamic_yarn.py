@@ -6,6 +6,7 @@ calls this function again with the current length whenever the sequence grows pa
 
 import math
 
+from ..attention.params import DYNAMIC_FAMILIES, check_dynamic_family
 from ..registry import Param, RopeMethod, register
 from .common import as_float, rope_setup
 from .ntk_by_parts import by_parts_inv_freq, check_betas
@@ -41,6 +42,11 @@ def compute_dynamic_yarn(config, device=None, seq_len=None, layer_type=None):
     return inv, float(attention) if attention is not None else yarn_attention_factor(factor)
 
 
+def check_dynamic_yarn(params: dict, config) -> None:
+    check_betas(params, config)
+    check_dynamic_family(params, config)  # only where no state outlives a call (issue 16)
+
+
 METHOD = register(
     RopeMethod(
         name="dynamic_yarn",
@@ -57,6 +63,7 @@ METHOD = register(
         },
         summary="YaRN with factor max(1, seq_len/L0), recomputed as the sequence grows",
         dynamic=True,
-        check=check_betas,
+        check=check_dynamic_yarn,
+        families=DYNAMIC_FAMILIES,
     )
 )
