@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .context_parallel import shifted_labels
 from .positions import position_ids, step_generator
 
 STATE_FILE = "trainer_state.json"
@@ -190,8 +191,8 @@ def micro_batches(accelerator, loader, start: int):
 def forward_loss(accelerator, model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Loss of one micro-batch; an all-ones mask keeps transformers from reading skip-wise ids as packed sequences."""
     cp = accelerator.parallelism_config is not None and accelerator.parallelism_config.cp_enabled
-    if cp:  # context parallelism shards every buffer along the sequence; the loss needs labels shifted beforehand
-        labels = torch.cat([input_ids[:, 1:], torch.full_like(input_ids[:, :1], -100)], dim=1)
+    if cp:  # context parallelism shards every buffer along the sequence (see context_parallel.py): labels first
+        labels = shifted_labels(input_ids)
         with accelerator.maybe_context_parallel(buffers=[input_ids, positions, labels], buffer_seq_dims=[1, 1, 1]):
             logits = model(input_ids=input_ids, position_ids=positions).logits
             return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)

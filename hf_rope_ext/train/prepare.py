@@ -41,7 +41,8 @@ class Job:
     results: list = field(default_factory=list)
 
     def attach_lora(self):
-        """Wrap the model in a LoRA PeftModel (seeded, so two runs with one seed start from the same adapter)."""
+        """Wrap the model in a LoRA PeftModel (seeded, so two runs with one seed, and all processes of a run, start
+        from the same adapter); then each process' RNG is seeded apart for dropout."""
         from accelerate.utils import set_seed
 
         set_seed(self.cfg.seed)
@@ -58,6 +59,7 @@ class Job:
         if cfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.config.use_cache = False
+        set_seed(cfg.seed, device_specific=True)  # dropout: seed + process index, so processes draw their own masks
         return self.model
 
     def measure(self, label: str, model=None) -> list[dict]:
