@@ -2,8 +2,6 @@
 reach search and its loss path hold against independent references (a built model, a slow sum, a plain search)."""
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,16 +21,9 @@ def bench():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the skip path is for machines without CUDA")
-def test_skips_without_cuda_and_prints_the_plan():
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--shapes", "7b", "--lengths", "8192", "32768", "--reach"],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
+def test_skips_without_cuda_and_prints_the_plan(bench, capsys):
+    assert bench.main(["--shapes", "7b", "--lengths", "8192", "32768", "--reach"]) == 0
+    lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("bench_finetune_gpu: skipped, no CUDA device")
     assert [line.split(":")[0].strip() for line in lines[1:]] == ["7b plain", "7b liger"]
     assert "lengths [8192, 32768], reach from 16384 up to 524288" in lines[1]

@@ -395,33 +395,40 @@ def micro_step(run: Run, stage: Stage, input_ids: torch.Tensor, global_micro: in
 
 def after_step(run: Run, step: int, index: int, loss: torch.Tensor) -> dict:
     """Log the optimizer step (CSV, trackers, bar), write a checkpoint when one is due, and stop on Ctrl-C."""
-    stage, settings, acc = run.stages[index], run.settings, run.accelerator
-    # one collective per step: every process' loss and stop request, so all processes stop at the same step
+    acc, every = run.accelerator, run.settings.save_every
+    # one collective per step: every process' loss and stop request, so that all processes stop at the same step
     asked = torch.tensor(float(run.stop.asked), device=loss.device)
     shared = acc.gather(torch.stack([loss.float(), asked])).reshape(-1, 2)  # (processes, [loss, asked])
-    row = {
-        "step": step,
-        "stage": index,
-        "span": stage.span,
-        "window": stage.window,
-        "loss": float(shared[:, 0].mean()),
-        "lr": run.scheduler.get_last_lr()[0],
-        "tokens": settings.batch_size * settings.grad_accum * stage.window * data_parallel(acc)[0],
-        "elapsed_s": round(time.perf_counter() - run.started, 3),
-    }
+    row = log_row(run, step, index, float(shared[:, 0].mean()))
     run.log.write(row)
     acc.log({"loss": row["loss"], "lr": row["lr"]}, step=step)
     run.bar.update(1)
     run.bar.set_postfix(loss=f"{row['loss']:.4f}", stage=index)
     stop = bool(shared[:, 1].any())
-    if (settings.save_every and step % settings.save_every == 0) or step == run.total or stop:
+    if (every and step % every == 0) or step == run.total or stop:
         checkpoint(run, step)
     if stop:
         raise Interrupted(step, run.checkpoint_dir / f"step-{step:06d}")
     return row
 
 
+def log_row(run: Run, step: int, index: int, loss: float) -> dict:
+    """One row of the CSV log; ``tokens``: of this optimizer step over all data-parallel processes."""
+    stage, settings = run.stages[index], run.settings
+    return {
+        "step": step,
+        "stage": index,
+        "span": stage.span,
+        "window": stage.window,
+        "loss": loss,
+        "lr": run.scheduler.get_last_lr()[0],
+        "tokens": settings.batch_size * settings.grad_accum * stage.window * data_parallel(run.accelerator)[0],
+        "elapsed_s": round(time.perf_counter() - run.started, 3),
+    }
+
+
 def checkpoint(run: Run, step: int) -> None:
+    """Write the checkpoint of ``step`` unless it was just written (a save step on which Ctrl-C also asked)."""
     if run.saved_step != step:
         save_checkpoint(run.accelerator, run.checkpoint_dir / f"step-{step:06d}", step, run.plan)
         run.saved_step = step
