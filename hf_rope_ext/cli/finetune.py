@@ -117,13 +117,12 @@ def config_of(args):
 
 
 def run(args) -> int:
-    from ..train import finetune
-
-    cfg = config_of(args)
     try:
-        result = finetune(cfg)
+        from ..train import finetune
+
+        result = finetune(config_of(args))
     except KeyboardInterrupt:
-        return interrupted(cfg)
+        return interrupted(args.out)
     if not is_main():
         return 0
     for record in result["results"]:
@@ -143,13 +142,13 @@ def is_main() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def interrupted(cfg) -> int:
+def interrupted(out: str) -> int:
     """Ctrl-C: one short message on stderr, and the command that resumes from the newest checkpoint of ``--out``."""
     import sys
 
     from ..train.loop import latest_checkpoint
 
-    found = latest_checkpoint(Path(cfg.out) / "checkpoints")
+    found = latest_checkpoint(Path(out) / "checkpoints")
     message = (
         "interrupted before the first checkpoint; nothing to resume"
         if found is None

@@ -79,7 +79,7 @@ class Interrupted(KeyboardInterrupt):
 
 class StopRequest:
     """While active: the first SIGINT asks the loop to stop after its current step, a second one interrupts at once.
-    Only in the main thread (signal handlers cannot be set elsewhere); elsewhere it never asks to stop."""
+    Only in the main thread (signal handlers cannot be set elsewhere) and where SIGINT is not ignored."""
 
     DUPLICATE_S = 1.0  # a launcher forwards the terminal's Ctrl-C to its workers: a repeat this soon is that copy
 
@@ -87,7 +87,8 @@ class StopRequest:
         self.asked, self._previous, self._first, self.announce = False, None, 0.0, announce
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored (a background job): stays so
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
