@@ -155,7 +155,10 @@ def launched_state():
     cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or (world > 1 and not torch.cuda.is_available())
     state = PartialState(cpu=cpu)
     if state.num_processes != world:
-        raise ValueError(f"WORLD_SIZE={world} but accelerate runs {state.num_processes} process(es); launch again")
+        raise ValueError(
+            f"WORLD_SIZE={world} but accelerate runs {state.num_processes} process(es): each would train alone into "
+            "the same files; start the processes with `accelerate launch` or `torchrun`"
+        )
     if cpu and world == 1 and "MASTER_ADDR" in os.environ and state.is_main_process:
         print(CPU_LAUNCH_NOTE, file=sys.stderr)
     return state
