@@ -423,3 +423,16 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
     assert grads[0].keys() == grads[1].keys()
     assert all(torch.allclose(grads[0][k], grads[1][k], atol=1e-6) for k in grads[0])
+
+
+def test_apply_lora_emits_no_future_warning():
+    """peft reads transformers' deprecated is_gradient_checkpointing: that one warning is dropped, nothing else."""
+    import warnings
+
+    model = tiny_model("llama")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_lora(model, rank=2)
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+    with pytest.warns(FutureWarning, match="is_gradient_checkpointing"):  # still raised outside apply_lora
+        _ = model.is_gradient_checkpointing

@@ -76,3 +76,31 @@ def test_bad_data(tmp_path):
 def test_bundled_default_split():
     files = data_files(None)
     assert files and all(f.endswith(".py") for f in files)
+
+
+def test_local_text_is_read_as_datasets_text_builder_reads_it_without_download_output(tmp_path, capfd):
+    """Plain text files become one document each, as load_dataset('text', sample_by='document') makes them (CRLF
+    and non-ASCII included), read directly: no download manager, no "Downloading data" bar, no cache files."""
+    from datasets import load_dataset
+
+    texts = ["déjà vu\r\nline two\r\n", "", "tab\tend", *DOCS]
+    files = []
+    for i, text in enumerate(texts):
+        files.append(tmp_path / f"doc{i}.txt")
+        files[-1].write_bytes(text.encode("utf-8"))
+    capfd.readouterr()
+    ours = load_documents([str(f) for f in files])
+    printed = capfd.readouterr()
+    assert "Downloading" not in printed.err + printed.out and "Generating" not in printed.err + printed.out
+    assert ours.cache_files == []  # in memory: processes of one launch never write the same cache file
+    reference = load_dataset("text", data_files=[str(f) for f in files], sample_by="document", split="train")
+    assert ours["text"] == reference["text"]
+
+
+def test_structured_files_load_without_progress_output(tmp_path, capfd):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "a b"}\n{"text": "c d"}\n')
+    capfd.readouterr()
+    assert load_documents([str(path)])["text"] == ["a b", "c d"]
+    printed = capfd.readouterr()
+    assert "Downloading" not in printed.err and "Generating" not in printed.err

@@ -7,6 +7,7 @@ Runs as a plain command on one device, or under ``accelerate launch --config_fil
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 
 def add_parser(subparsers, name):
@@ -116,11 +117,65 @@ def config_of(args):
 
 
 def run(args) -> int:
-    from ..train import finetune
+    try:
+        from ..train import finetune
 
-    result = finetune(config_of(args))
+        result = finetune(config_of(args))
+    except KeyboardInterrupt:
+        return interrupted(args.out)
+    if not is_main():
+        return 0
     for record in result["results"]:
         passkey = f"  passkey {record['passkey_accuracy']:.2f}" if "passkey_accuracy" in record else ""
         print(f"{record['when']:>6}  length {record['length']:>6}  perplexity {record['perplexity']:.4f}{passkey}")
     print(f"adapter: {result['out']}" + (f"\nmerged model: {result['merged']}" if result["merged"] else ""))
     return 0
+
+
+INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
+
+
+def is_main() -> bool:
+    """Rank 0 of a launch (or no launcher): the one process that prints the command's messages."""
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
+
+
+def interrupted(out: str) -> int:
+    """Ctrl-C: one short message on stderr, and the command that resumes from the newest checkpoint of ``--out``."""
+    import sys
+
+    from ..train.loop import latest_checkpoint
+
+    found = latest_checkpoint(Path(out) / "checkpoints")
+    message = (
+        "interrupted before the first checkpoint; nothing to resume"
+        if found is None
+        else f"interrupted; checkpoint {found}\nresume with:\n  {resume_command(found)}"
+    )
+    if is_main():
+        print(f"hf-rope-ext finetune: {message}", file=sys.stderr)
+    return INTERRUPTED
+
+
+def resume_command(checkpoint) -> str:
+    """This process' finetune command line with ``--resume-from checkpoint`` (same --out: the run continues there)."""
+    import os
+    import shlex
+    import sys
+
+    argv, kept = sys.argv[1:], []
+    if "finetune" not in argv:  # called from Python, not from the command line
+        return f"hf-rope-ext finetune <the same options> --resume-from {shlex.quote(str(checkpoint))}"
+    skip = False
+    for item in argv:
+        name = item.split("=", 1)[0]  # argparse takes '--resume-from X', '--resume-from=X' and prefixes like --resume
+        if skip or (name.startswith("--re") and "--resume-from".startswith(name)):
+            skip = not skip and "=" not in item  # the value follows as its own word
+            continue
+        kept.append(item)
+    tail = shlex.join([*kept, "--resume-from", str(checkpoint)])
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"accelerate launch <the same launch options> -m hf_rope_ext {tail}"
+    return ("hf-rope-ext " if Path(sys.argv[0]).name == "hf-rope-ext" else "python -m hf_rope_ext ") + tail

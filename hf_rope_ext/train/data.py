@@ -55,14 +55,30 @@ def load_documents(data: list[str] | None, text_column: str = "text", split: str
                 f"--data {data[0]!r}: not a local path and not loadable from the Hub ({err})"
             ) from err
     else:
-        files = data_files(data)
-        builder = _builder(files)
-        options = {"sample_by": "document"} if builder == "text" else {}
-        dataset = load_dataset(builder, data_files=files, split="train", **options)
+        dataset = local_documents(data_files(data))
     if text_column not in dataset.column_names:
         raise KeyError(f"text_column={text_column!r} is not a column of the data; columns: {dataset.column_names}")
     dataset = dataset.select_columns([text_column])
     return dataset if text_column == "text" else dataset.rename_column(text_column, "text")
+
+
+def local_documents(files: list[str]):
+    """Local files as a ``Dataset``: plain text read directly, one document per file, in memory (no cache files, no
+    download manager and its "Downloading data" bar); json/parquet/csv through datasets' builder of that kind,
+    without its progress bars."""
+    from datasets import Dataset, load_dataset
+    from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
+
+    builder = _builder(files)
+    if builder == "text":  # as load_dataset("text", sample_by="document"): each file's text, universal newlines
+        return Dataset.from_dict({"text": [Path(f).read_text(encoding="utf-8") for f in files]})
+    shown = is_progress_bar_enabled()
+    disable_progress_bar()
+    try:
+        return load_dataset(builder, data_files=files, split="train")
+    finally:
+        if shown:
+            enable_progress_bar()
 
 
 def _builder(files: list[str]) -> str:

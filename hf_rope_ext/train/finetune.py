@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .data import check_enough, load_documents, pack, tokenize
-from .loop import LoopSettings, Stage, check_checkpoint_tensors, checkpoint_step, train
+from .loop import LOG_FILE, LoopSettings, Stage, check_checkpoint_tensors, checkpoint_step, data_parallel, train
 from .positions import check_schedule
 
 RESULTS_FILE = "eval_results.json"
@@ -126,6 +126,8 @@ def check_output(cfg: FinetuneConfig) -> Path:
         raise FileExistsError(f"--out {str(out)!r} already holds a finished adapter; choose a new folder")
     if cfg.resume_from and not Path(cfg.resume_from).is_dir():
         raise FileNotFoundError(f"--resume-from {cfg.resume_from!r}: no such checkpoint folder")
+    if cfg.log_dir and (Path(cfg.log_dir) / LOG_FILE).exists() and not cfg.resume_from:
+        raise FileExistsError(f"--log-dir {cfg.log_dir!r} already holds a {LOG_FILE}; choose a new folder")
     return out
 
 
@@ -151,7 +153,8 @@ def ready_to_train(job):
     """The 'before' figures, then the LoRA model; a checkpoint to resume must fit both the plan and the adapter."""
     cfg = job.cfg
     if cfg.resume_from:
-        checkpoint_step(cfg.resume_from, job.settings.plan(job.stages))
+        processes = data_parallel(job.accelerator)[0]
+        checkpoint_step(cfg.resume_from, job.settings.plan(job.stages, processes))
     job.measure("before")
     model = job.attach_lora()
     if cfg.resume_from:

@@ -1,15 +1,27 @@
 """The training loop on accelerate's engine: stages of (position span, window, steps), gradient accumulation,
 an LR schedule, checkpoints that resume exactly, a tqdm bar and a CSV log (TensorBoard too when installed).
 
-Exact resume: ``accelerator.save_state`` keeps the trainable weights, optimizer, scheduler and RNG states; the
-checkpoint's ``trainer_state.json`` keeps the optimizer step. Batch order is a permutation drawn from
-(seed, stage, epoch) and position ids from (seed, micro-batch index), so a resumed run sees the same batches.
+Exact resume: ``accelerator.save_state`` keeps the trainable weights, optimizer, scheduler and RNG states (one RNG
+file per process); the checkpoint's ``trainer_state.json`` keeps the optimizer step. Batch order is a permutation
+drawn from (seed, stage, epoch) and position ids from (seed, micro-batch index), so a resumed run sees the same
+batches.
+
+Many processes (DDP, FSDP): the loader yields *global* micro-batches of ``batch_size x data-parallel processes`` rows
+and accelerate hands each process its slice (``split_batches``); position ids are drawn for the whole global
+micro-batch and sliced the same way. So N processes train on exactly the rows and positions one process sees with an
+N times larger batch, and the result does not depend on the process count beyond float summation order.
+
+Ctrl-C (SIGINT) during training stops after the current optimizer step on every process, writes a checkpoint there
+and raises :class:`Interrupted` (a ``KeyboardInterrupt``) naming it; a second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import signal
+import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .context_parallel import shifted_labels
 from .positions import position_ids, step_generator
 
 STATE_FILE = "trainer_state.json"
@@ -47,10 +60,50 @@ class LoopSettings:
     save_every: int  # checkpoint every N optimizer steps (0: only at the end)
     max_grad_norm: float = 1.0
 
-    def plan(self, stages: list[Stage]) -> dict:
-        """What a checkpoint must agree with to be resumed."""
+    def plan(self, stages: list[Stage], processes: int) -> dict:
+        """What a checkpoint must agree with to be resumed (``processes``: data-parallel processes, one RNG each)."""
         keep = ("batch_size", "grad_accum", "schedule", "pose_chunks", "seed", "scheduler", "warmup_steps", "lr")
-        return {"stages": [asdict(s) for s in stages], **{k: getattr(self, k) for k in keep}}
+        return {"stages": [asdict(s) for s in stages], "processes": processes, **{k: getattr(self, k) for k in keep}}
+
+
+PLAN_DEFAULTS = {"processes": 1}  # keys older checkpoints lack, as they were then
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped by Ctrl-C after optimizer step ``step``; ``checkpoint`` holds that step."""
+
+    def __init__(self, step: int, checkpoint: Path):
+        super().__init__(f"interrupted after step {step}; checkpoint {checkpoint}")
+        self.step, self.checkpoint = step, Path(checkpoint)
+
+
+class StopRequest:
+    """While active: the first SIGINT asks the loop to stop after its current step, a second one interrupts at once.
+    Only in the main thread (signal handlers cannot be set elsewhere) and where SIGINT is not ignored."""
+
+    DUPLICATE_S = 1.0  # a launcher forwards the terminal's Ctrl-C to its workers: a repeat this soon is that copy
+
+    def __init__(self, announce: bool = True):
+        self.asked, self._previous, self._first, self.announce = False, None, 0.0, announce
+
+    def __enter__(self):
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored (a background job): stays so
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *_exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, _signum, _frame):
+        if self.asked and time.monotonic() - self._first > self.DUPLICATE_S:
+            raise KeyboardInterrupt
+        if self.asked:
+            return
+        self.asked, self._first = True, time.monotonic()
+        if self.announce:
+            print("\nCtrl-C: stopping after this step, saving a checkpoint (Ctrl-C again: stop now)", file=sys.stderr)
 
 
 class EpochSampler(torch.utils.data.Sampler):
@@ -75,19 +128,29 @@ def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), input_ids[:, 1:].flatten())
 
 
-def make_optimizer(model, settings: LoopSettings, total_steps: int, processes: int):
-    """AdamW on the trainable parameters and transformers' LR schedule (counted per process, as accelerate steps it)."""
+def make_optimizer(model, settings: LoopSettings, total_steps: int):
+    """AdamW on the trainable parameters and transformers' LR schedule in optimizer steps (with ``split_batches``
+    accelerate steps the scheduler once per optimizer step, whatever the process count)."""
     from transformers import get_scheduler
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
     scheduler = get_scheduler(
-        settings.scheduler,
-        optimizer,
-        num_warmup_steps=settings.warmup_steps * processes,
-        num_training_steps=total_steps * processes,
+        settings.scheduler, optimizer, num_warmup_steps=settings.warmup_steps, num_training_steps=total_steps
     )
     return optimizer, scheduler
+
+
+def data_parallel(accelerator) -> tuple[int, int]:
+    """(data-parallel size, this process' data-parallel rank): processes that get different rows. Tensor- and
+    context-parallel ranks of one group share their rows, as accelerate's ``prepare_data_loader`` shards them."""
+    mesh = getattr(accelerator, "torch_device_mesh", None)
+    if mesh is None:
+        return accelerator.num_processes, accelerator.process_index
+    names = mesh.mesh_dim_names or ()
+    size = {name: mesh[name].size() for name in names}
+    shared = size.get("tp", 1) * size.get("cp", 1)
+    return size.get("dp_replicate", 1) * size.get("dp_shard", 1), accelerator.process_index // shared
 
 
 def keep_trainable_only(models, weights, _output_dir) -> None:
@@ -98,7 +161,11 @@ def keep_trainable_only(models, weights, _output_dir) -> None:
 
 
 def stage_loaders(accelerator, datasets, settings: LoopSettings):
-    """One prepared DataLoader per stage (batches of ``input_ids``, full batches only)."""
+    """One prepared DataLoader per stage: global micro-batches of ``batch_size x data-parallel size`` rows (full ones
+    only), of which accelerate (``split_batches``) gives each process its ``batch_size`` rows, in rank order."""
+    if not accelerator.split_batches:
+        raise ValueError("the training loop needs an Accelerator with DataLoaderConfiguration(split_batches=True)")
+    global_batch = settings.batch_size * data_parallel(accelerator)[0]
     loaders = []
     for index, dataset in enumerate(datasets):
         rows = dataset.with_format("torch", columns=["input_ids"])
@@ -106,7 +173,7 @@ def stage_loaders(accelerator, datasets, settings: LoopSettings):
         # its own generator: starting an epoch must not draw from the global RNG (dropout), or resume would drift
         own = torch.Generator().manual_seed(settings.seed)
         loader = torch.utils.data.DataLoader(
-            rows, batch_size=settings.batch_size, sampler=sampler, drop_last=True, generator=own
+            rows, batch_size=global_batch, sampler=sampler, drop_last=True, generator=own
         )
         loaders.append(accelerator.prepare(loader))
     return loaders
@@ -125,8 +192,8 @@ def micro_batches(accelerator, loader, start: int):
 def forward_loss(accelerator, model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Loss of one micro-batch; an all-ones mask keeps transformers from reading skip-wise ids as packed sequences."""
     cp = accelerator.parallelism_config is not None and accelerator.parallelism_config.cp_enabled
-    if cp:  # context parallelism shards every buffer along the sequence; the loss needs labels shifted beforehand
-        labels = torch.cat([input_ids[:, 1:], torch.full_like(input_ids[:, :1], -100)], dim=1)
+    if cp:  # context parallelism shards every buffer along the sequence (see context_parallel.py): labels first
+        labels = shifted_labels(input_ids)
         with accelerator.maybe_context_parallel(buffers=[input_ids, positions, labels], buffer_seq_dims=[1, 1, 1]):
             logits = model(input_ids=input_ids, position_ids=positions).logits
             return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
@@ -135,6 +202,8 @@ def forward_loss(accelerator, model, input_ids: torch.Tensor, positions: torch.T
 
 
 def save_checkpoint(accelerator, directory: Path, step: int, plan: dict) -> Path:
+    """accelerate's state (trainable tensors, optimizer, scheduler: main process; RNG: one file per process) and,
+    from the main process only, ``trainer_state.json``."""
     accelerator.save_state(str(directory))
     if accelerator.is_main_process:
         (directory / STATE_FILE).write_text(json.dumps({"step": step, "plan": plan}, indent=2), encoding="utf-8")
@@ -170,23 +239,37 @@ def checkpoint_step(directory: Path, plan: dict) -> int:
     if not state_path.is_file():
         raise FileNotFoundError(f"--resume-from {str(directory)!r}: no {STATE_FILE} (not a checkpoint of this trainer)")
     state = json.loads(state_path.read_text(encoding="utf-8"))
-    differs = sorted(k for k in plan if state["plan"].get(k) != plan[k])
+    saved = {**PLAN_DEFAULTS, **state["plan"]}
+    differs = sorted(k for k in plan if saved.get(k) != plan[k])
     if differs:
         key = differs[0]
-        raise ValueError(f"--resume-from: the checkpoint has {key}={state['plan'].get(key)!r}, this run {plan[key]!r}")
+        raise ValueError(f"--resume-from: the checkpoint has {key}={saved.get(key)!r}, this run {plan[key]!r}")
     return int(state["step"])
 
 
-class CsvLog:
-    """Appends one row per optimizer step to ``log_dir/train_log.csv`` (main process only)."""
+def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """The checkpoint of the highest step under ``checkpoint_dir`` (``step-NNNNNN`` with its state file), or None."""
+    found = sorted(Path(checkpoint_dir).glob("step-*/" + STATE_FILE)) if Path(checkpoint_dir).is_dir() else []
+    return found[-1].parent if found else None
 
-    def __init__(self, log_dir: Path, enabled: bool):
+
+class CsvLog:
+    """Appends one row per optimizer step to ``log_dir/train_log.csv`` (main process only). Opened at a resumed
+    step, it first drops the rows past that step (written after the checkpoint by the run that stopped), so each
+    step has one row."""
+
+    def __init__(self, log_dir: Path, enabled: bool, start_step: int = 0):
         self.path = Path(log_dir) / LOG_FILE
         self.enabled = enabled
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if not self.path.exists():
-                self.path.write_text(",".join(LOG_COLUMNS) + "\n", encoding="utf-8")
+            kept = self._rows_up_to(start_step) if self.path.exists() else []
+            self.path.write_text("".join([",".join(LOG_COLUMNS) + "\n", *kept]), encoding="utf-8")
+
+    def _rows_up_to(self, step: int) -> list[str]:
+        """The log's data lines (with their newline) of steps <= ``step``."""
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)[1:]
+        return [line for line in lines if line.strip() and int(line.split(",", 1)[0]) <= step]
 
     def write(self, row: dict) -> None:
         if self.enabled:
@@ -218,6 +301,8 @@ class Run:
     bar: object
     started: float
     total: int
+    stop: StopRequest
+    saved_step: int = -1  # the step of the last checkpoint written
 
 
 def train(
@@ -231,36 +316,39 @@ def train(
     resume_from: str | None = None,
 ) -> list[dict]:
     """Run every stage; returns (the log rows of this call, the accelerate-prepared model).
-    ``datasets[i]`` holds rows of ``stages[i].window`` tokens."""
+    ``datasets[i]`` holds rows of ``stages[i].window`` tokens. Ctrl-C: see :class:`Interrupted`."""
     from tqdm.auto import tqdm
 
-    total, plan = sum(s.steps for s in stages), settings.plan(stages)
-    optimizer, scheduler = make_optimizer(model, settings, total, accelerator.num_processes)
+    total, plan = sum(s.steps for s in stages), settings.plan(stages, data_parallel(accelerator)[0])
+    optimizer, scheduler = make_optimizer(model, settings, total)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     accelerator.register_save_state_pre_hook(keep_trainable_only)
     loaders = stage_loaders(accelerator, datasets, settings)
     step = load_checkpoint(accelerator, resume_from, plan) if resume_from else 0
     bar = tqdm(total=total, initial=step, desc="fine-tuning", disable=not accelerator.is_local_main_process)
+    log = CsvLog(log_dir, accelerator.is_main_process, step)
     run = Run(
-        accelerator,
-        model,
-        optimizer,
-        scheduler,
-        loaders,
-        stages,
-        settings,
-        plan,
-        Path(checkpoint_dir),
-        CsvLog(log_dir, accelerator.is_main_process),
-        bar,
-        time.perf_counter(),
-        total,
+        accelerator=accelerator,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loaders=loaders,
+        stages=stages,
+        settings=settings,
+        plan=plan,
+        checkpoint_dir=Path(checkpoint_dir),
+        log=log,
+        bar=bar,
+        started=time.perf_counter(),
+        total=total,
+        stop=StopRequest(announce=accelerator.is_main_process),
+        saved_step=step if resume_from else -1,
     )
     model.train()
     rows: list[dict] = []
-    while step < total:
-        step = run_stage(run, step, rows)
-    bar.close()
+    with run.stop, bar:
+        while step < total:
+            step = run_stage(run, step, rows)
     return rows, model
 
 
@@ -281,12 +369,20 @@ def run_stage(run: Run, step: int, rows: list[dict]) -> int:
 
 
 def micro_step(run: Run, stage: Stage, input_ids: torch.Tensor, global_micro: int) -> torch.Tensor:
-    """Forward and backward of one micro-batch; the optimizer steps when accumulation is complete."""
+    """Forward and backward of one micro-batch (this process' rows of global micro-batch ``global_micro``); the
+    optimizer steps when accumulation is complete."""
     acc, settings = run.accelerator, run.settings
-    generator = step_generator(settings.seed, global_micro * acc.num_processes + acc.process_index)
-    positions = position_ids(
-        settings.schedule, input_ids.shape[0], stage.window, stage.span, generator, settings.pose_chunks
-    ).to(acc.device)
+    processes, rank = data_parallel(acc)
+    rows = input_ids.shape[0]  # the global micro-batch is ranks' rows in rank order: ours are [rank*rows, +rows)
+    every = position_ids(
+        settings.schedule,
+        rows * processes,
+        stage.window,
+        stage.span,
+        step_generator(settings.seed, global_micro),
+        settings.pose_chunks,
+    )
+    positions = every[rank * rows : (rank + 1) * rows].to(acc.device)
     with acc.accumulate(run.model):
         loss = forward_loss(acc, run.model, input_ids, positions)
         acc.backward(loss)
@@ -299,22 +395,41 @@ def micro_step(run: Run, stage: Stage, input_ids: torch.Tensor, global_micro: in
 
 
 def after_step(run: Run, step: int, index: int, loss: torch.Tensor) -> dict:
-    """Log the optimizer step (CSV, trackers, bar) and write a checkpoint when one is due."""
-    stage, settings, acc = run.stages[index], run.settings, run.accelerator
-    row = {
-        "step": step,
-        "stage": index,
-        "span": stage.span,
-        "window": stage.window,
-        "loss": float(acc.gather(loss).mean()),
-        "lr": run.scheduler.get_last_lr()[0],
-        "tokens": settings.batch_size * settings.grad_accum * stage.window * acc.num_processes,
-        "elapsed_s": round(time.perf_counter() - run.started, 3),
-    }
+    """Log the optimizer step (CSV, trackers, bar), write a checkpoint when one is due, and stop on Ctrl-C."""
+    acc, every = run.accelerator, run.settings.save_every
+    # one collective per step: every process' loss and stop request, so that all processes stop at the same step
+    asked = torch.tensor(float(run.stop.asked), device=loss.device)
+    shared = acc.gather(torch.stack([loss.float(), asked])).reshape(-1, 2)  # (processes, [loss, asked])
+    row = log_row(run, step, index, float(shared[:, 0].mean()))
     run.log.write(row)
     acc.log({"loss": row["loss"], "lr": row["lr"]}, step=step)
     run.bar.update(1)
     run.bar.set_postfix(loss=f"{row['loss']:.4f}", stage=index)
-    if (settings.save_every and step % settings.save_every == 0) or step == run.total:
-        save_checkpoint(acc, run.checkpoint_dir / f"step-{step:06d}", step, run.plan)
+    stop = bool(shared[:, 1].any())
+    if (every and step % every == 0) or step == run.total or stop:
+        checkpoint(run, step)
+    if stop:
+        raise Interrupted(step, run.checkpoint_dir / f"step-{step:06d}")
     return row
+
+
+def log_row(run: Run, step: int, index: int, loss: float) -> dict:
+    """One row of the CSV log; ``tokens``: of this optimizer step over all data-parallel processes."""
+    stage, settings = run.stages[index], run.settings
+    return {
+        "step": step,
+        "stage": index,
+        "span": stage.span,
+        "window": stage.window,
+        "loss": loss,
+        "lr": run.scheduler.get_last_lr()[0],
+        "tokens": settings.batch_size * settings.grad_accum * stage.window * data_parallel(run.accelerator)[0],
+        "elapsed_s": round(time.perf_counter() - run.started, 3),
+    }
+
+
+def checkpoint(run: Run, step: int) -> None:
+    """Write the checkpoint of ``step`` unless it was just written (a save step on which Ctrl-C also asked)."""
+    if run.saved_step != step:
+        save_checkpoint(run.accelerator, run.checkpoint_dir / f"step-{step:06d}", step, run.plan)
+        run.saved_step = step

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +41,8 @@ class Job:
     results: list = field(default_factory=list)
 
     def attach_lora(self):
-        """Wrap the model in a LoRA PeftModel (seeded, so two runs with one seed start from the same adapter)."""
+        """Wrap the model in a LoRA PeftModel (seeded, so two runs with one seed, and all processes of a run, start
+        from the same adapter); then each process' RNG is seeded apart for dropout."""
         from accelerate.utils import set_seed
 
         set_seed(self.cfg.seed)
@@ -57,6 +59,7 @@ class Job:
         if cfg.grad_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.config.use_cache = False
+        set_seed(cfg.seed, device_specific=True)  # dropout: seed + process index, so processes draw their own masks
         return self.model
 
     def measure(self, label: str, model=None) -> list[dict]:
@@ -139,17 +142,62 @@ LOAD_NOTE = (
 )
 
 
+def launched_state():
+    """accelerate's process state as launched: on CPU when asked (``--cpu``) or when several processes were started
+    (torchrun, ``accelerate launch --multi_gpu``) on a machine without CUDA: DDP over gloo. A launch whose processes
+    would each run alone (and write the same files) is refused."""
+    import os
+
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or (world > 1 and not torch.cuda.is_available())
+    state = PartialState(cpu=cpu)
+    if state.num_processes != world:
+        raise ValueError(
+            f"WORLD_SIZE={world} but accelerate runs {state.num_processes} process(es): each would train alone into "
+            "the same files; start the processes with `accelerate launch` or `torchrun`"
+        )
+    if cpu and world == 1 and "MASTER_ADDR" in os.environ and state.is_main_process:
+        print(CPU_LAUNCH_NOTE, file=sys.stderr)
+    return state
+
+
+CPU_LAUNCH_NOTE = (
+    "hf-rope-ext finetune: note: one process. `accelerate launch --cpu` starts a single process unless given "
+    "--mpirun_hostfile; for several CPU processes (DDP over gloo) use `accelerate launch --multi_gpu "
+    "--num_processes N` on a machine without CUDA, or `torchrun --nproc_per_node N -m hf_rope_ext finetune ...`"
+)
+
+
 def make_accelerator(cfg: FinetuneConfig, precision: str, log_dir: Path):
-    """Accelerator with the run's mixed precision and accumulation; TensorBoard tracking when it is installed."""
-    from accelerate import Accelerator
+    """Accelerator with the run's mixed precision and accumulation; TensorBoard tracking when it is installed.
+    ``split_batches``: the loop's loader yields global micro-batches that accelerate splits over the processes;
+    accumulation counts micro-batches only (an epoch's end does not cut an optimizer step short)."""
+    from accelerate import Accelerator, PartialState
+    from accelerate.utils import (
+        DataLoaderConfiguration,
+        DistributedType,
+        GradientAccumulationPlugin,
+        parse_flag_from_env,
+    )
 
     tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else None
     accelerator = Accelerator(
+        cpu=PartialState().device.type == "cpu",
         mixed_precision=MIXED[precision],
-        gradient_accumulation_steps=cfg.grad_accum,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=cfg.grad_accum, sync_with_dataloader=False),
+        dataloader_config=DataLoaderConfiguration(split_batches=True),
         log_with=tracker,
         project_dir=str(log_dir),
     )
+    if parse_flag_from_env("ACCELERATE_USE_FSDP") and accelerator.distributed_type != DistributedType.FSDP:
+        if accelerator.is_main_process:  # accelerate 1.15 shards with FSDP on GPUs only; elsewhere it runs DDP
+            print(
+                f"hf-rope-ext finetune: note: FSDP asked, accelerate runs {accelerator.distributed_type.value}",
+                file=sys.stderr,
+            )
     if accelerator.gradient_accumulation_steps != cfg.grad_accum:  # a DeepSpeed config's value wins in accelerate
         raise ValueError(
             f"--grad-accum {cfg.grad_accum} but the accelerate config sets gradient_accumulation_steps="
@@ -163,17 +211,16 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
 
     The Accelerator is created last: accelerate fixes its mixed precision once per process.
     """
-    from accelerate import PartialState
-    from accelerate.utils import parse_flag_from_env
     from transformers import AutoTokenizer
 
-    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # the launcher's device and process count
+    state = launched_state()  # the launcher's device and process count
     precision = resolve_precision(cfg.precision, state.device)
     cfg.model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model  # recorded in the adapter
     config = extended_config(cfg.model, cfg.rope_type, cfg.length, cfg.factor, cfg.rope_extra)
     stages = plan_stages(cfg, _base_length(cfg.model))
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    train_text, eval_documents = load_text(cfg, tokenizer)
+    with state.main_process_first():  # files that datasets caches are written by the main process alone
+        train_text, eval_documents = load_text(cfg, tokenizer)
     datasets = packed_stages(train_text, stages, cfg.packing, cfg.batch_size * cfg.grad_accum * state.num_processes)
     model = load_model(cfg.model, config, precision, attention_implementation(cfg.rope_type, state.device))
     model = model.to(state.device)

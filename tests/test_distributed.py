@@ -1,0 +1,206 @@
+"""Two CPU processes (DDP over gloo, started by ``accelerate launch`` as a user starts them) train the adapter that
+one process trains with the same global batch, resume exactly, keep one RNG state per process, and write each output
+once (the main process); PoSE positions are drawn per global micro-batch, so each row gets the same ids either way.
+Ctrl-C during a run (a subprocess, as a user runs it) saves a checkpoint whose printed resume command finishes it."""
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, ByT5Tokenizer
+
+from hf_rope_ext.cli import main
+from hf_rope_ext.train import FinetuneConfig, finetune
+from hf_rope_ext.train.loop import CsvLog
+
+ROOT = Path(__file__).resolve().parents[1]
+L0 = 32
+# fp32 bound on |adapter(2 processes) - adapter(1 process)|: the two runs differ only in summation order (the
+# all-reduce adds two half-batch gradients); measured 8e-6 after 4 steps at lr 1e-2, for weights of size ~1
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A saved 2-layer Llama with a byte-level tokenizer, and three text files (about 15k tokens)."""
+    root = tmp_path_factory.mktemp("ddp")
+    tok = ByT5Tokenizer()
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=L0,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    (root / "data").mkdir()
+    for name in ("json/decoder.py", "json/encoder.py", "csv.py"):
+        (root / "data" / f"{Path(name).stem}.txt").write_text(Path(json.__file__).parents[1].joinpath(name).read_text())
+    return root
+
+
+OPTIONS = dict(
+    rope_type="ntk_by_parts",
+    length=2 * L0,
+    max_steps=4,
+    lr=1e-2,
+    grad_accum=2,
+    position_schedule="pose",
+    window=L0,
+    save_every=2,
+    train_norms=True,
+)
+
+
+def argv(setup, out, **overrides) -> list[str]:
+    options = {**OPTIONS, "model": str(setup / "base"), "data": str(setup / "data"), "out": str(out), **overrides}
+    words = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        words += [flag] if value is True else [flag, str(value)]
+    return words
+
+
+def launch(words: list[str], processes: int = 2) -> subprocess.CompletedProcess:
+    """``accelerate launch --multi_gpu --num_processes N -m hf_rope_ext finetune ...`` with CUDA hidden: torchrun's
+    N processes, which hf-rope-ext runs on the CPU over gloo (``accelerate launch --cpu`` starts one process)."""
+    with socket.socket() as probe:  # a free port: tests of other checkouts may launch at the same time
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes)]
+    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += ["--main_process_port", str(port), "-m", "hf_rope_ext", "finetune", *words]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def adapter(out: Path) -> dict:
+    return load_file(out / "adapter_model.safetensors")
+
+
+def log_rows(out: Path) -> list[list[str]]:
+    return [line.split(",") for line in (out / "logs" / "train_log.csv").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def two(setup):
+    out = setup / "two"
+    return out, launch(argv(setup, out, batch_size=2))
+
+
+def test_two_processes_train_the_one_process_adapter(setup, two):
+    out, done = two
+    options = dict(OPTIONS, model=str(setup / "base"), data=[str(setup / "data")], out=str(setup / "one"))
+    one = finetune(FinetuneConfig(**options, batch_size=4))  # one process, the same global batch
+    a, b = adapter(setup / "one"), adapter(out)
+    assert a.keys() == b.keys()
+    difference = max(float((a[k] - b[k]).abs().max()) for k in a)
+    # the bound is far below what training moves: steps 3-4 alone change the adapter by more than 20 x ATOL
+    middle = load_file(out / "checkpoints" / "step-000002" / "model.safetensors")
+    moved = max(float((b[k.replace(".default", "")] - v).abs().max()) for k, v in middle.items() if "lora_" in k)
+    print(f"max |adapter(2 processes) - adapter(1 process)| = {difference:.3g}; steps 3-4 moved it {moved:.3g}")
+    assert difference < ATOL and moved > 20 * ATOL
+    rows = log_rows(out)
+    assert [r[0] for r in rows] == ["step", "1", "2", "3", "4"]  # one writer: no row twice
+    assert [r[6] for r in rows[1:]] == [str(4 * 2 * L0)] * 4  # tokens per step: 4 rows x 2 micro-batches x window
+    losses = [float(r[4]) for r in rows[1:]]
+    assert losses == pytest.approx([r["loss"] for r in one["rows"]], abs=1e-4)
+    assert done.stdout.count("adapter:") == 1  # the command's report, from the main process only
+
+
+def test_each_process_keeps_its_own_rng_and_the_main_writes_the_rest(two):
+    out, _ = two
+    checkpoint = out / "checkpoints" / "step-000002"
+    names = sorted(p.name for p in checkpoint.iterdir())
+    assert names == [
+        "model.safetensors",
+        "optimizer.bin",
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+        "scheduler.bin",
+        "trainer_state.json",
+    ]
+    states = [torch.load(checkpoint / f"random_states_{i}.pkl", weights_only=False) for i in (0, 1)]
+    assert not torch.equal(states[0]["torch_manual_seed"], states[1]["torch_manual_seed"])  # dropout apart
+    plan = json.loads((checkpoint / "trainer_state.json").read_text())["plan"]
+    assert plan["processes"] == 2 and plan["batch_size"] == 2
+
+
+def test_two_processes_resume_exactly(setup, two):
+    """Resumed from step 2 by two processes: the uninterrupted two-process adapter and losses, bit for bit."""
+    out, _ = two
+    resumed = setup / "resumed"
+    launch(argv(setup, resumed, batch_size=2, resume_from=out / "checkpoints" / "step-000002"))
+    a, b = adapter(out), adapter(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r[4] for r in log_rows(resumed)[1:]] == [r[4] for r in log_rows(out)[3:]]
+
+
+def test_ctrl_c_saves_a_checkpoint_and_its_resume_command_finishes_the_run(setup):
+    """SIGINT after the first logged step: exit 130 with a short message, a checkpoint at the step reached, and a
+    printed command that resumes into the same --out, after which the log has every step exactly once."""
+    out, steps = setup / "interrupted", 40
+    command = [sys.executable, "-m", "hf_rope_ext", "finetune", *argv(setup, out, batch_size=2, max_steps=steps)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out / "logs" / "train_log.csv"
+    deadline = time.monotonic() + 300
+    while not (log.is_file() and len(log.read_text().splitlines()) > 1) and process.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr
+    message = stderr[stderr.index("hf-rope-ext finetune: interrupted") :].splitlines()
+    assert len(message) == 3 and message[1] == "resume with:"
+    done = len(log_rows(out)) - 1
+    checkpoint = out / "checkpoints" / f"step-{done:06d}"
+    assert 1 <= done < steps and (checkpoint / "trainer_state.json").is_file()
+    assert not (out / "adapter_model.safetensors").exists()
+    resume = shlex.split(message[2])
+    assert resume[:4] == ["python", "-m", "hf_rope_ext", "finetune"]
+    assert resume[-2:] == ["--resume-from", str(checkpoint)]
+    assert main(resume[3:]) == 0  # the printed command's arguments, parsed as the command parses them
+    assert [r[0] for r in log_rows(out)[1:]] == [str(s) for s in range(1, steps + 1)]
+    assert (out / "adapter_model.safetensors").is_file()
+
+
+def test_a_resumed_log_drops_the_rows_after_its_checkpoint(tmp_path):
+    """A run that went past its last checkpoint (killed) logged steps that the resumed run logs again."""
+    first = CsvLog(tmp_path, enabled=True)
+    for step in range(1, 6):
+        first.write({"step": step, "loss": 1.0 / step})
+    resumed = CsvLog(tmp_path, enabled=True, start_step=3)
+    for step in (4, 5, 6):
+        resumed.write({"step": step, "loss": 2.0})
+    rows = log_rows_of(tmp_path / "train_log.csv")
+    assert [(r["step"], r["loss"]) for r in rows] == [("1", "1.0"), ("2", "0.5"), ("3", str(1 / 3))] + [
+        (str(s), "2.0") for s in (4, 5, 6)
+    ]
+
+
+def log_rows_of(path: Path) -> list[dict]:
+    import csv
+
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
