@@ -1,7 +1,9 @@
 """The one module that touches transformers' internals, through its extension points only.
 
 - ``ROPE_INIT_FUNCTIONS[name]``: the frequency function of each of this package's rope types;
-- ``RotaryEmbeddingConfigMixin._validate_<name>_rope_parameters``: validation when a config is built.
+- ``RotaryEmbeddingConfigMixin._validate_<name>_rope_parameters``: validation when a config is built;
+- ``get_model_conversion_mapping``: the RoPE layout converters, for models whose config says "interleaved";
+- ``AttentionInterface``: the attention-level types.
 
 ``install()`` is idempotent and leaves every built-in entry untouched, so stock behaviour is unchanged
 for models that do not name one of this package's types.
@@ -9,10 +11,11 @@ for models that do not name one of this package's types.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
-from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
+from transformers import conversion_mapping, modeling_utils
 from transformers.core_model_loading import ConversionOps, WeightConverter
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
 from transformers.modeling_utils import AttentionInterface
@@ -91,13 +94,17 @@ def install() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# RoPE layout on load and save (issue 3, owner: hf_rope_ext/layout). Extension point:
-# ``register_checkpoint_conversion_mapping``. For each family whose layout facts say ``loads_to_half`` (Llama,
-# Mistral, Qwen2, Qwen3, StableLM, Phi-3), every q/k row tensor passes through one op that permutes a checkpoint
-# written in ``config.rope_layout == "interleaved"`` to the half layout on load and back on save (transformers
-# applies the reverse op when saving). When the config records "half" (or nothing) the op returns the tensor
-# object itself, so stock models load and save bit-identically. Mappings transformers already has for a type are
-# kept: ours are appended to them.
+# RoPE layout on load and save (issue 3; per model since issue 13, owner: hf_rope_ext/layout).
+# transformers' conversion registry (``register_checkpoint_conversion_mapping``) is keyed by model type or class name
+# only, so a mapping registered there runs for every checkpoint of a family, stock ones included, and shows in
+# transformers' own tests (``test_reverse_loading_mapping``). transformers 5.23 has no per-config hook on load, so
+# ``get_model_conversion_mapping`` (called by ``from_pretrained`` once the model is built from the checkpoint's
+# config, by ``save_pretrained`` for a model not loaded from a checkpoint, and by peft) is wrapped: it returns
+# transformers' own list, plus, only when the model's config records ``rope_layout="interleaved"`` and its family
+# loads to half (Llama, Mistral, Qwen2, Qwen3, StableLM, Phi-3), one converter per q/k tensor the model has. The
+# registry itself is never written. A model loaded from a checkpoint saves through ``model._weight_conversions``
+# (transformers' per-model record of the conversions it used on load); ``convert_layout`` updates that record
+# through :func:`record_layout_conversions`.
 
 
 class RopeLayoutToHalf(ConversionOps):
@@ -117,6 +124,7 @@ class RopeLayoutToHalf(ConversionOps):
         return {target_patterns[0]: self.permute(tensor, config, full_layer_name or target_patterns[0])}
 
     def permute(self, tensor: torch.Tensor, config, key: str) -> torch.Tensor:
+        """Read the layout at call time: a model converted back to half after loading saves half."""
         from .layout.permute import block_rows, permute_rows
         from .models import family_of
 
@@ -136,37 +144,87 @@ class RopeLayoutToHalf(ConversionOps):
 
 def _layout_config(config):
     """The config holding the family facts: the model's own, or the text config of a composite model."""
+    found = _config_with_layout_facts(config)
+    if found is None:
+        raise ValueError(f"model_type={getattr(config, 'model_type', None)!r} has no RoPE layout facts")
+    return found
+
+
+def _config_with_layout_facts(config):
+    """``config`` or its text config, whichever names a family with layout facts; None when neither does."""
     from .models import has_layout_facts
 
     if has_layout_facts(getattr(config, "model_type", None)):
         return config
     text = config.get_text_config() if hasattr(config, "get_text_config") else None
-    if not has_layout_facts(getattr(text, "model_type", None)):
-        raise ValueError(f"model_type={getattr(config, 'model_type', None)!r} has no RoPE layout facts")
-    return text
+    return text if has_layout_facts(getattr(text, "model_type", None)) else None
 
 
-def layout_converters(family) -> list[WeightConverter]:
-    """One-to-one converters (same key in and out) for every q/k weight and bias of ``family``."""
+def layout_converters(family, parameter_names=None) -> list[WeightConverter]:
+    """One-to-one converters (same key in and out) for each q/k weight and bias of ``family`` that the model has.
+
+    ``parameter_names`` (the model's parameter names) drops patterns that match none of them (a bias of a model
+    built without biases); None keeps every pattern.
+    """
+
+    def present(suffix: str) -> bool:
+        return parameter_names is None or any(n == suffix or n.endswith("." + suffix) for n in parameter_names)
+
     return [
         WeightConverter(f"{p.module}.{param}", f"{p.module}.{param}", operations=[RopeLayoutToHalf(p.blocks)])
         for p in family.projections
         for param in ("weight", "bias")
+        if present(f"{p.module}.{param}")
     ]
 
 
-def install_layout_conversions() -> None:
-    """Append the layout converters to each ``loads_to_half`` family's mapping (idempotent)."""
-    from .models import layout_families
+def layout_conversions(model) -> list[WeightConverter]:
+    """The layout converters ``model`` loads and saves through: none unless its config says "interleaved"."""
+    from .models import family_of
 
-    for family in layout_families():
-        if not family.loads_to_half:
-            continue
-        for model_type in family.model_types:
-            existing = get_checkpoint_conversion_mapping(model_type) or []
-            if any(isinstance(op, RopeLayoutToHalf) for t in existing for op in getattr(t, "operations", ())):
-                continue
-            register_checkpoint_conversion_mapping(model_type, existing + layout_converters(family), overwrite=True)
+    config = _config_with_layout_facts(getattr(model, "config", None))
+    if config is None:
+        return []
+    family = family_of(config.model_type)
+    if not family.loads_to_half or family.checkpoint_layout(config) != "interleaved":
+        return []
+    return layout_converters(family, [name for name, _ in model.named_parameters()])
+
+
+def _is_layout_conversion(transform) -> bool:
+    return any(isinstance(op, RopeLayoutToHalf) for op in getattr(transform, "operations", ()))
+
+
+def _with_layout_conversions(stock):
+    @functools.wraps(stock)
+    def get_model_conversion_mapping(model, *args, **kwargs):
+        return list(stock(model, *args, **kwargs)) + layout_conversions(model)
+
+    get_model_conversion_mapping.hf_rope_ext_stock = stock
+    return get_model_conversion_mapping
+
+
+_CONVERSION_SITES = (conversion_mapping, modeling_utils)  # the modules whose global name from_pretrained/save use
+
+
+def install_layout_conversions() -> None:
+    """Wrap ``get_model_conversion_mapping`` where transformers looks it up (idempotent)."""
+    for module in _CONVERSION_SITES:
+        current = module.get_model_conversion_mapping
+        if not hasattr(current, "hf_rope_ext_stock"):
+            module.get_model_conversion_mapping = _with_layout_conversions(current)
+
+
+def record_layout_conversions(model) -> None:
+    """After ``model.config.rope_layout`` changed: make what ``save_pretrained`` applies follow it.
+
+    Only a model loaded by ``from_pretrained`` carries a record (``_weight_conversions``); for any other model
+    ``save_pretrained`` asks ``get_model_conversion_mapping``, which reads the config then.
+    """
+    recorded = getattr(model, "_weight_conversions", None)
+    if recorded is not None:
+        kept = [t for t in recorded if not _is_layout_conversion(t)]
+        model._weight_conversions = kept + layout_conversions(model)
 
 
 # ---------------------------------------------------------------------------------------------------------------
