@@ -23,6 +23,7 @@ from transformers.modeling_utils import AttentionInterface
 from . import registry
 from .attention.dispatch import attend, attention_type_of, check_module
 from .attention.scoring import routes_through_attention
+from .configure import restore_legacy_theta
 from .frequencies.common import rope_setup
 
 
@@ -50,10 +51,12 @@ def _validated(method: registry.RopeMethod, compute):
 
     Configs validate on construction, but ``from_pretrained(path, rope_parameters=...)`` sets the attribute after
     the config was built; checking here makes bad input fail when the model is built, before any forward pass.
+    A legacy ``rope_scaling=`` given to ``from_pretrained`` gets the checkpoint's rope_theta first.
     """
 
     def init_fn(config, device=None, seq_len=None, layer_type=None):
         params = config.rope_parameters[layer_type] if layer_type is not None else config.rope_parameters
+        restore_legacy_theta(config, params, layer_type)
         ignore = set(getattr(config, "ignore_keys_at_rope_validation", None) or ())
         registry.validate({k: v for k, v in params.items() if k not in ignore}, config)
         return compute(config, device=device, seq_len=seq_len, layer_type=layer_type)
