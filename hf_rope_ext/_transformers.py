@@ -83,15 +83,41 @@ def init_function(method: registry.RopeMethod):
     return _validated(method, compute)
 
 
+def install_method(method: registry.RopeMethod) -> None:
+    """Put ``method`` into ``ROPE_INIT_FUNCTIONS`` (validated) and its validator on the config mixin."""
+    existing = ROPE_INIT_FUNCTIONS.get(method.name)
+    # an entry of another hf_rope_ext copy (a --remote-code export's vendored package) gives way to this one
+    if existing is not None and getattr(existing, "method", None) is None:
+        raise ValueError(f"transformers already has a rope_type {method.name!r}; hf_rope_ext will not replace it")
+    ROPE_INIT_FUNCTIONS[method.name] = init_function(method)
+    setattr(RotaryEmbeddingConfigMixin, f"_validate_{method.name}_rope_parameters", _validator(method))
+
+
+def rope_types() -> list[tuple[str, registry.RopeMethod | None]]:
+    """Every rope_type transformers resolves ("default", then ``ROPE_INIT_FUNCTIONS`` in its order), each with this
+    package's method, or None for transformers' own. Raises if an entry of ours disagrees with the registry."""
+    found = [("default", None)]
+    for name, function in ROPE_INIT_FUNCTIONS.items():
+        method = getattr(function, "method", None)
+        if method is not None and (
+            registry.get_method(name) is not method
+            or getattr(RotaryEmbeddingConfigMixin, f"_validate_{name}_rope_parameters", None) is None
+        ):
+            raise RuntimeError(
+                f"ROPE_INIT_FUNCTIONS[{name!r}] is not this hf_rope_ext's entry; import hf_rope_ext again"
+            )
+        found.append((name, method))
+    missing = sorted(set(registry.available_rope_types()) - {name for name, _ in found})
+    if missing:
+        raise RuntimeError(f"registered rope types missing from ROPE_INIT_FUNCTIONS: {missing}")
+    return found
+
+
 def install() -> None:
     """Register every method of the registry into transformers (safe to call any number of times)."""
     for method in registry.methods():
-        existing = ROPE_INIT_FUNCTIONS.get(method.name)
-        # an entry of another hf_rope_ext copy (a --remote-code export's vendored package) gives way to this one
-        if existing is not None and getattr(existing, "method", None) is None:
-            raise ValueError(f"transformers already has a rope_type {method.name!r}; hf_rope_ext will not replace it")
-        ROPE_INIT_FUNCTIONS[method.name] = init_function(method)
-        setattr(RotaryEmbeddingConfigMixin, f"_validate_{method.name}_rope_parameters", _validator(method))
+        install_method(method)
+    registry.on_register(install_method)  # methods registered later go in at once
     install_layout_conversions()  # RoPE layout on load/save (issue 3)
     install_attention_functions()  # attention-level rope types (issue 4)
 

@@ -70,14 +70,28 @@ def example_parameters(method: RopeMethod, factor: float = 2.0) -> dict:
 
 
 _METHODS: dict[str, RopeMethod] = {}
+_ON_REGISTER: list[Callable[[RopeMethod], None]] = []  # run for each method registered after install
 
 
 def register(method: RopeMethod) -> RopeMethod:
-    """Add a method to the table; a second method under the same name is an error."""
+    """Add a method to the table; a second method under the same name is an error.
+
+    After ``hf_rope_ext`` is imported, a new method also goes into transformers at once (``on_register``), so the
+    table and ``ROPE_INIT_FUNCTIONS`` never disagree; if transformers refuses it, it is not added here either.
+    """
     if method.name in _METHODS and _METHODS[method.name] is not method:
         raise ValueError(f"rope_type {method.name!r} is already registered by {_METHODS[method.name]!r}")
+    if method.name not in _METHODS:
+        for callback in _ON_REGISTER:
+            callback(method)
     _METHODS[method.name] = method
     return method
+
+
+def on_register(callback: Callable[[RopeMethod], None]) -> None:
+    """Call ``callback(method)`` for every method registered from now on (once per callback)."""
+    if callback not in _ON_REGISTER:
+        _ON_REGISTER.append(callback)
 
 
 def get_method(name: str) -> RopeMethod:
@@ -229,7 +243,10 @@ BUILTIN_TYPES: dict[str, dict[str, Any]] = {
     },
 }
 
+BUILTIN_TYPES["proportional"] = {"partial_rotary_factor": 1.0}  # transformers 5.23 (Gemma 4)
+
 BUILTIN_SUMMARIES = {
+    "proportional": "default frequencies over the whole head_dim, the last 1 - partial_rotary_factor of them zero",
     "default": "plain RoPE, theta_i = b^(-2i/d)",
     "linear": "position interpolation: theta_i / s",
     "dynamic": "dynamic NTK: base grows with seq_len beyond max_position_embeddings",
