@@ -207,17 +207,37 @@ def layout_converters(family, parameter_names=None) -> list[WeightConverter]:
     ]
 
 
+def _text_model(model):
+    """(path, module) of the first transformers model in ``model`` (itself first) of a family with layout facts."""
+    from .models import has_layout_facts
+
+    for path, module in model.named_modules():
+        config = getattr(module, "config", None)
+        if isinstance(module, modeling_utils.PreTrainedModel) and has_layout_facts(getattr(config, "model_type", None)):
+            return path, module
+    return None, None
+
+
 def layout_conversions(model) -> list[WeightConverter]:
-    """The layout converters ``model`` loads and saves through: none unless its config says "interleaved"."""
+    """The layout converters ``model`` loads and saves through: none unless its config says "interleaved".
+
+    In a composite model (a language model inside a vision-language one) they are scoped to the language model, as
+    transformers scopes a sub-model's mapping, so another tower's ``q_proj`` is never touched.
+    """
     from .models import family_of
 
-    config = _config_with_layout_facts(getattr(model, "config", None))
-    if config is None:
+    path, text_model = _text_model(model)
+    if text_model is None:
         return []
-    family = family_of(config.model_type)
-    if not family.loads_to_half or family.checkpoint_layout(config) != "interleaved":
+    family = family_of(text_model.config.model_type)
+    if not family.loads_to_half or family.checkpoint_layout(text_model.config) != "interleaved":
         return []
-    return layout_converters(family, [name for name, _ in model.named_parameters()])
+    converters = layout_converters(family, [name for name, _ in text_model.named_parameters()])
+    if path:  # transformers' own scoping of a sub-model's transforms (conversion_mapping.get_model_conversion_mapping)
+        for converter in converters:
+            converter.scope_prefix = path.removeprefix(model.base_model_prefix).removeprefix(".")
+            converter.base_model_prefix = model.base_model_prefix
+    return converters
 
 
 def _is_layout_conversion(transform) -> bool:

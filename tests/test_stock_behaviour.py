@@ -342,3 +342,29 @@ def test_a_type_transformers_refuses_is_not_registered_either(monkeypatch):
     with pytest.raises(ValueError, match="transformers already has a rope_type 'linear'"):
         registry.register(clash)
     assert "linear" not in registry._METHODS
+
+
+def test_interleaved_language_model_inside_a_composite_model_converts_only_its_own_rows(tmp_path):
+    """Llava: the converters are scoped to the Llama inside, the CLIP tower's own q/k_proj are left as they are."""
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    text = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, rope_layout="interleaved",
+    )  # fmt: skip
+    vision = CLIPVisionConfig(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8
+    )
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(LlavaConfig(text_config=text, vision_config=vision, image_token_index=63))
+    model.save_pretrained(tmp_path)
+    saved, live = load_file(tmp_path / "model.safetensors"), model.state_dict()
+    key = "layers.0.self_attn.q_proj.weight"
+    half = live[f"model.language_model.{key}"]  # [4 heads * 8, 32]: pairs (j, j + 4) per head
+    expected = half.view(4, 2, 4, 32).transpose(1, 2).reshape(32, 32)  # interleaved: pairs (2j, 2j + 1)
+    assert torch.equal(saved[f"language_model.model.{key}"], expected)
+    for name in ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias"):
+        vision_key = f"encoder.layers.0.self_attn.{name}"
+        assert torch.equal(saved[f"vision_tower.{vision_key}"], live[f"model.vision_tower.{vision_key}"])
+    reloaded = LlavaForConditionalGeneration.from_pretrained(tmp_path)
+    assert same_tensors(reloaded.state_dict(), live)
