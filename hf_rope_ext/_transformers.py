@@ -250,6 +250,7 @@ def _with_layout_conversions(stock):
         return list(stock(model, *args, **kwargs)) + layout_conversions(model)
 
     get_model_conversion_mapping.hf_rope_ext_stock = stock
+    get_model_conversion_mapping.hf_rope_ext_layout = layout_conversions  # whose wrapper it is
     return get_model_conversion_mapping
 
 
@@ -257,11 +258,16 @@ _CONVERSION_SITES = (conversion_mapping, modeling_utils)  # the modules whose gl
 
 
 def install_layout_conversions() -> None:
-    """Wrap ``get_model_conversion_mapping`` where transformers looks it up (idempotent)."""
+    """Wrap ``get_model_conversion_mapping`` where transformers looks it up (idempotent).
+
+    The wrapper of another hf_rope_ext copy (a --remote-code export's vendored package) gives way to this one's,
+    around the same stock function, as its ``ROPE_INIT_FUNCTIONS`` entries do.
+    """
     for module in _CONVERSION_SITES:
         current = module.get_model_conversion_mapping
-        if not hasattr(current, "hf_rope_ext_stock"):
-            module.get_model_conversion_mapping = _with_layout_conversions(current)
+        if getattr(current, "hf_rope_ext_layout", None) is not layout_conversions:
+            stock = getattr(current, "hf_rope_ext_stock", current)
+            module.get_model_conversion_mapping = _with_layout_conversions(stock)
 
 
 def record_layout_conversions(model) -> None:

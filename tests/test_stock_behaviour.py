@@ -368,3 +368,26 @@ def test_interleaved_language_model_inside_a_composite_model_converts_only_its_o
         assert torch.equal(saved[f"vision_tower.{vision_key}"], live[f"model.vision_tower.{vision_key}"])
     reloaded = LlavaForConditionalGeneration.from_pretrained(tmp_path)
     assert same_tensors(reloaded.state_dict(), live)
+
+
+def test_another_copys_layout_wrapper_gives_way_around_the_same_stock_function(monkeypatch):
+    """A --remote-code export vendors the package; importing the real one afterwards takes over, never nests."""
+    from transformers import modeling_utils
+
+    from hf_rope_ext import _transformers
+
+    stock = conversion_mapping.get_model_conversion_mapping.hf_rope_ext_stock
+
+    def vendored(model, *args, **kwargs):
+        return stock(model, *args, **kwargs)
+
+    vendored.hf_rope_ext_stock = stock
+    for module in (conversion_mapping, modeling_utils):
+        monkeypatch.setattr(module, "get_model_conversion_mapping", vendored)
+    _transformers.install_layout_conversions()
+    _transformers.install_layout_conversions()  # idempotent
+    for module in (conversion_mapping, modeling_utils):
+        current = module.get_model_conversion_mapping
+        assert current.hf_rope_ext_layout is _transformers.layout_conversions and current.hf_rope_ext_stock is stock
+    model = head_model("llama", "LlamaForCausalLM", rope_layout="interleaved")
+    assert len(conversion_mapping.get_model_conversion_mapping(model, add_legacy=False)) == 2
