@@ -1,7 +1,9 @@
 """The one module that touches transformers' internals, through its extension points only.
 
 - ``ROPE_INIT_FUNCTIONS[name]``: the frequency function of each of this package's rope types;
-- ``RotaryEmbeddingConfigMixin._validate_<name>_rope_parameters``: validation when a config is built.
+- ``RotaryEmbeddingConfigMixin._validate_<name>_rope_parameters``: validation when a config is built;
+- ``get_model_conversion_mapping``: the RoPE layout converters, for models whose config says "interleaved";
+- ``AttentionInterface``: the attention-level types.
 
 ``install()`` is idempotent and leaves every built-in entry untouched, so stock behaviour is unchanged
 for models that do not name one of this package's types.
@@ -9,10 +11,11 @@ for models that do not name one of this package's types.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
-from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
+from transformers import conversion_mapping, modeling_utils
 from transformers.core_model_loading import ConversionOps, WeightConverter
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
 from transformers.modeling_utils import AttentionInterface
@@ -20,6 +23,7 @@ from transformers.modeling_utils import AttentionInterface
 from . import registry
 from .attention.dispatch import attend, attention_type_of, check_module
 from .attention.scoring import routes_through_attention
+from .configure import restore_legacy_theta
 from .frequencies.common import rope_setup
 
 
@@ -47,10 +51,12 @@ def _validated(method: registry.RopeMethod, compute):
 
     Configs validate on construction, but ``from_pretrained(path, rope_parameters=...)`` sets the attribute after
     the config was built; checking here makes bad input fail when the model is built, before any forward pass.
+    A legacy ``rope_scaling=`` given to ``from_pretrained`` gets the checkpoint's rope_theta first.
     """
 
     def init_fn(config, device=None, seq_len=None, layer_type=None):
         params = config.rope_parameters[layer_type] if layer_type is not None else config.rope_parameters
+        restore_legacy_theta(config, params, layer_type)
         ignore = set(getattr(config, "ignore_keys_at_rope_validation", None) or ())
         registry.validate({k: v for k, v in params.items() if k not in ignore}, config)
         return compute(config, device=device, seq_len=seq_len, layer_type=layer_type)
@@ -77,27 +83,57 @@ def init_function(method: registry.RopeMethod):
     return _validated(method, compute)
 
 
+def install_method(method: registry.RopeMethod) -> None:
+    """Put ``method`` into ``ROPE_INIT_FUNCTIONS`` (validated) and its validator on the config mixin."""
+    existing = ROPE_INIT_FUNCTIONS.get(method.name)
+    # an entry of another hf_rope_ext copy (a --remote-code export's vendored package) gives way to this one
+    if existing is not None and getattr(existing, "method", None) is None:
+        raise ValueError(f"transformers already has a rope_type {method.name!r}; hf_rope_ext will not replace it")
+    ROPE_INIT_FUNCTIONS[method.name] = init_function(method)
+    setattr(RotaryEmbeddingConfigMixin, f"_validate_{method.name}_rope_parameters", _validator(method))
+
+
+def rope_types() -> list[tuple[str, registry.RopeMethod | None]]:
+    """Every rope_type transformers resolves ("default", then ``ROPE_INIT_FUNCTIONS`` in its order), each with this
+    package's method, or None for transformers' own. Raises if an entry of ours disagrees with the registry."""
+    found = [("default", None)]
+    for name, function in ROPE_INIT_FUNCTIONS.items():
+        method = getattr(function, "method", None)
+        if method is not None and (
+            registry.get_method(name) is not method
+            or getattr(RotaryEmbeddingConfigMixin, f"_validate_{name}_rope_parameters", None) is None
+        ):
+            raise RuntimeError(
+                f"ROPE_INIT_FUNCTIONS[{name!r}] is not this hf_rope_ext's entry; import hf_rope_ext again"
+            )
+        found.append((name, method))
+    missing = sorted(set(registry.available_rope_types()) - {name for name, _ in found})
+    if missing:
+        raise RuntimeError(f"registered rope types missing from ROPE_INIT_FUNCTIONS: {missing}")
+    return found
+
+
 def install() -> None:
     """Register every method of the registry into transformers (safe to call any number of times)."""
     for method in registry.methods():
-        existing = ROPE_INIT_FUNCTIONS.get(method.name)
-        # an entry of another hf_rope_ext copy (a --remote-code export's vendored package) gives way to this one
-        if existing is not None and getattr(existing, "method", None) is None:
-            raise ValueError(f"transformers already has a rope_type {method.name!r}; hf_rope_ext will not replace it")
-        ROPE_INIT_FUNCTIONS[method.name] = init_function(method)
-        setattr(RotaryEmbeddingConfigMixin, f"_validate_{method.name}_rope_parameters", _validator(method))
+        install_method(method)
+    registry.on_register(install_method)  # methods registered later go in at once
     install_layout_conversions()  # RoPE layout on load/save (issue 3)
     install_attention_functions()  # attention-level rope types (issue 4)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# RoPE layout on load and save (issue 3, owner: hf_rope_ext/layout). Extension point:
-# ``register_checkpoint_conversion_mapping``. For each family whose layout facts say ``loads_to_half`` (Llama,
-# Mistral, Qwen2, Qwen3, StableLM, Phi-3), every q/k row tensor passes through one op that permutes a checkpoint
-# written in ``config.rope_layout == "interleaved"`` to the half layout on load and back on save (transformers
-# applies the reverse op when saving). When the config records "half" (or nothing) the op returns the tensor
-# object itself, so stock models load and save bit-identically. Mappings transformers already has for a type are
-# kept: ours are appended to them.
+# RoPE layout on load and save (issue 3; per model since issue 13, owner: hf_rope_ext/layout).
+# transformers' conversion registry (``register_checkpoint_conversion_mapping``) is keyed by model type or class name
+# only, so a mapping registered there runs for every checkpoint of a family, stock ones included, and shows in
+# transformers' own tests (``test_reverse_loading_mapping``). transformers 5.23 has no per-config hook on load, so
+# ``get_model_conversion_mapping`` (called by ``from_pretrained`` once the model is built from the checkpoint's
+# config, by ``save_pretrained`` for a model not loaded from a checkpoint, and by peft) is wrapped: it returns
+# transformers' own list, plus, only when the model's config records ``rope_layout="interleaved"`` and its family
+# loads to half (Llama, Mistral, Qwen2, Qwen3, StableLM, Phi-3), one converter per q/k tensor the model has. The
+# registry itself is never written. A model loaded from a checkpoint saves through ``model._weight_conversions``
+# (transformers' per-model record of the conversions it used on load); ``convert_layout`` updates that record
+# through :func:`record_layout_conversions`.
 
 
 class RopeLayoutToHalf(ConversionOps):
@@ -117,6 +153,7 @@ class RopeLayoutToHalf(ConversionOps):
         return {target_patterns[0]: self.permute(tensor, config, full_layer_name or target_patterns[0])}
 
     def permute(self, tensor: torch.Tensor, config, key: str) -> torch.Tensor:
+        """Read the layout at call time: a model converted back to half after loading saves half."""
         from .layout.permute import block_rows, permute_rows
         from .models import family_of
 
@@ -136,37 +173,113 @@ class RopeLayoutToHalf(ConversionOps):
 
 def _layout_config(config):
     """The config holding the family facts: the model's own, or the text config of a composite model."""
+    found = _config_with_layout_facts(config)
+    if found is None:
+        raise ValueError(f"model_type={getattr(config, 'model_type', None)!r} has no RoPE layout facts")
+    return found
+
+
+def _config_with_layout_facts(config):
+    """``config`` or its text config, whichever names a family with layout facts; None when neither does."""
     from .models import has_layout_facts
 
     if has_layout_facts(getattr(config, "model_type", None)):
         return config
     text = config.get_text_config() if hasattr(config, "get_text_config") else None
-    if not has_layout_facts(getattr(text, "model_type", None)):
-        raise ValueError(f"model_type={getattr(config, 'model_type', None)!r} has no RoPE layout facts")
-    return text
+    return text if has_layout_facts(getattr(text, "model_type", None)) else None
 
 
-def layout_converters(family) -> list[WeightConverter]:
-    """One-to-one converters (same key in and out) for every q/k weight and bias of ``family``."""
+def layout_converters(family, parameter_names=None) -> list[WeightConverter]:
+    """One-to-one converters (same key in and out) for each q/k weight and bias of ``family`` that the model has.
+
+    ``parameter_names`` (the model's parameter names) drops patterns that match none of them (a bias of a model
+    built without biases); None keeps every pattern.
+    """
+
+    def present(suffix: str) -> bool:
+        return parameter_names is None or any(n == suffix or n.endswith("." + suffix) for n in parameter_names)
+
     return [
         WeightConverter(f"{p.module}.{param}", f"{p.module}.{param}", operations=[RopeLayoutToHalf(p.blocks)])
         for p in family.projections
         for param in ("weight", "bias")
+        if present(f"{p.module}.{param}")
     ]
 
 
-def install_layout_conversions() -> None:
-    """Append the layout converters to each ``loads_to_half`` family's mapping (idempotent)."""
-    from .models import layout_families
+def _text_model(model):
+    """(path, module) of the first transformers model in ``model`` (itself first) of a family with layout facts."""
+    from .models import has_layout_facts
 
-    for family in layout_families():
-        if not family.loads_to_half:
-            continue
-        for model_type in family.model_types:
-            existing = get_checkpoint_conversion_mapping(model_type) or []
-            if any(isinstance(op, RopeLayoutToHalf) for t in existing for op in getattr(t, "operations", ())):
-                continue
-            register_checkpoint_conversion_mapping(model_type, existing + layout_converters(family), overwrite=True)
+    for path, module in model.named_modules():
+        config = getattr(module, "config", None)
+        if isinstance(module, modeling_utils.PreTrainedModel) and has_layout_facts(getattr(config, "model_type", None)):
+            return path, module
+    return None, None
+
+
+def layout_conversions(model) -> list[WeightConverter]:
+    """The layout converters ``model`` loads and saves through: none unless its config says "interleaved".
+
+    In a composite model (a language model inside a vision-language one) they are scoped to the language model, as
+    transformers scopes a sub-model's mapping, so another tower's ``q_proj`` is never touched.
+    """
+    from .models import family_of
+
+    path, text_model = _text_model(model)
+    if text_model is None:
+        return []
+    family = family_of(text_model.config.model_type)
+    if not family.loads_to_half or family.checkpoint_layout(text_model.config) != "interleaved":
+        return []
+    converters = layout_converters(family, [name for name, _ in text_model.named_parameters()])
+    if path:  # transformers' own scoping of a sub-model's transforms (conversion_mapping.get_model_conversion_mapping)
+        for converter in converters:
+            converter.scope_prefix = path.removeprefix(model.base_model_prefix).removeprefix(".")
+            converter.base_model_prefix = model.base_model_prefix
+    return converters
+
+
+def _is_layout_conversion(transform) -> bool:
+    return any(isinstance(op, RopeLayoutToHalf) for op in getattr(transform, "operations", ()))
+
+
+def _with_layout_conversions(stock):
+    @functools.wraps(stock)
+    def get_model_conversion_mapping(model, *args, **kwargs):
+        return list(stock(model, *args, **kwargs)) + layout_conversions(model)
+
+    get_model_conversion_mapping.hf_rope_ext_stock = stock
+    get_model_conversion_mapping.hf_rope_ext_layout = layout_conversions  # whose wrapper it is
+    return get_model_conversion_mapping
+
+
+_CONVERSION_SITES = (conversion_mapping, modeling_utils)  # the modules whose global name from_pretrained/save use
+
+
+def install_layout_conversions() -> None:
+    """Wrap ``get_model_conversion_mapping`` where transformers looks it up (idempotent).
+
+    The wrapper of another hf_rope_ext copy (a --remote-code export's vendored package) gives way to this one's,
+    around the same stock function, as its ``ROPE_INIT_FUNCTIONS`` entries do.
+    """
+    for module in _CONVERSION_SITES:
+        current = module.get_model_conversion_mapping
+        if getattr(current, "hf_rope_ext_layout", None) is not layout_conversions:
+            stock = getattr(current, "hf_rope_ext_stock", current)
+            module.get_model_conversion_mapping = _with_layout_conversions(stock)
+
+
+def record_layout_conversions(model) -> None:
+    """After ``model.config.rope_layout`` changed: make what ``save_pretrained`` applies follow it.
+
+    Only a model loaded by ``from_pretrained`` carries a record (``_weight_conversions``); for any other model
+    ``save_pretrained`` asks ``get_model_conversion_mapping``, which reads the config then.
+    """
+    recorded = getattr(model, "_weight_conversions", None)
+    if recorded is not None:
+        kept = [t for t in recorded if not _is_layout_conversion(t)]
+        model._weight_conversions = kept + layout_conversions(model)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -60,3 +60,39 @@ def rope_parameters_for(source: Any, rope_type: str | None, **params: Any) -> di
         )
     merged.update({k: v for k, v in params.items() if v is not None})
     return merged
+
+
+def saved_rope_theta(config, layer_type: str | None = None) -> float | None:
+    """The rope_theta saved with the checkpoint ``config`` was loaded from (``config.name_or_path``), or None.
+
+    Read from the checkpoint's config.json (local directory or the Hub cache; nothing is downloaded): its
+    ``rope_parameters`` (the ``layer_type`` entry when nested) or, in older files, a top-level ``rope_theta``.
+    """
+    from transformers import PretrainedConfig
+
+    source = getattr(config, "name_or_path", None)
+    if not source:
+        return None
+    try:
+        saved, _ = PretrainedConfig.get_config_dict(source, local_files_only=True)
+    except OSError:  # not a checkpoint (a name given by hand), or not in the cache
+        return None
+    params = saved.get("rope_parameters") or {}
+    if layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]
+    theta = params.get("rope_theta", saved.get("rope_theta"))
+    return theta if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None
+
+
+def restore_legacy_theta(config, params: dict, layer_type: str | None = None) -> None:
+    """Legacy ``from_pretrained(path, rope_scaling={...})``: put the checkpoint's rope_theta back in ``params``.
+
+    transformers 5.23 replaces the loaded rope_parameters by the legacy dict and then fills its rope_theta from a
+    ``config.rope_theta`` attribute that 5.x configs no longer have, leaving ``"rope_theta": None``. A config built
+    with ``rope_scaling=`` gets its theta the same way, from what the config held; here that is the checkpoint's.
+    A dict given as ``rope_parameters=`` (no rope_theta key at all) is left alone: it replaces the saved one whole.
+    """
+    if "rope_theta" in params and params["rope_theta"] is None:
+        theta = saved_rope_theta(config, layer_type)
+        if theta is not None:
+            params["rope_theta"] = theta

@@ -70,14 +70,28 @@ def example_parameters(method: RopeMethod, factor: float = 2.0) -> dict:
 
 
 _METHODS: dict[str, RopeMethod] = {}
+_ON_REGISTER: list[Callable[[RopeMethod], None]] = []  # run for each method registered after install
 
 
 def register(method: RopeMethod) -> RopeMethod:
-    """Add a method to the table; a second method under the same name is an error."""
+    """Add a method to the table; a second method under the same name is an error.
+
+    After ``hf_rope_ext`` is imported, a new method also goes into transformers at once (``on_register``), so the
+    table and ``ROPE_INIT_FUNCTIONS`` never disagree; if transformers refuses it, it is not added here either.
+    """
     if method.name in _METHODS and _METHODS[method.name] is not method:
         raise ValueError(f"rope_type {method.name!r} is already registered by {_METHODS[method.name]!r}")
+    if method.name not in _METHODS:
+        for callback in _ON_REGISTER:
+            callback(method)
     _METHODS[method.name] = method
     return method
+
+
+def on_register(callback: Callable[[RopeMethod], None]) -> None:
+    """Call ``callback(method)`` for every method registered from now on (once per callback)."""
+    if callback not in _ON_REGISTER:
+        _ON_REGISTER.append(callback)
 
 
 def get_method(name: str) -> RopeMethod:
@@ -113,41 +127,64 @@ def _load_methods() -> None:
 # validation
 
 
+class RopeParameterError(KeyError, ValueError):
+    """``rope_parameters`` holding a key or a value their rope_type does not take.
+
+    A ValueError, as all bad input in this package; also a KeyError, which is what transformers' ``validate_rope``
+    raises for parameters that do not fit a type, and what its own tests (``test_rope_validation``) expect of every
+    entry of ``ROPE_INIT_FUNCTIONS``. A missing required key is a plain KeyError, as in transformers.
+    """
+
+    def __str__(self) -> str:  # KeyError would print the message quoted, as a key
+        return str(self.args[0]) if self.args else ""
+
+
 def validate(rope_parameters: dict, config: Any = None) -> None:
-    """Check one flat ``rope_parameters`` dict of this package's types; raise naming key, value and what is allowed."""
+    """Check one flat ``rope_parameters`` dict of this package's types; raise naming key, value and what is allowed.
+
+    As transformers orders it: missing required keys first (KeyError), then keys the type does not take and values
+    (:class:`RopeParameterError`), then a missing rope_theta (KeyError), then the method's cross-parameter checks.
+    """
     rope_type = rope_parameters.get("rope_type", rope_parameters.get("type"))
     method = get_method(rope_type)
-    allowed = {**COMMON_KEYS, **method.params}
     ignore = set(getattr(config, "ignore_keys_at_rope_validation", None) or ())
-    for key, value in rope_parameters.items():
-        if key in ignore:
-            continue
+    given = {k: v for k, v in rope_parameters.items() if k not in ignore}
+    _check_required(rope_type, method, given)
+    allowed = {**COMMON_KEYS, **method.params}
+    for key, value in given.items():
         if key not in allowed:
-            raise ValueError(
+            raise RopeParameterError(
                 f"rope_parameters[{key!r}]={value!r} is not a parameter of rope_type={rope_type!r}; "
                 f"allowed keys: {sorted(k for k in allowed if k != 'type')}"
             )
         if key not in ("rope_type", "type"):
             _check_value(rope_type, key, value, allowed[key])
+    _check_theta(rope_type, given)
+    if method.check is not None:
+        method.check(rope_parameters, config)
+
+
+def _check_required(rope_type: str, method: RopeMethod, given: dict) -> None:
     for key, spec in method.params.items():
-        if spec.default is REQUIRED and rope_parameters.get(key) is None:
+        if spec.default is REQUIRED and given.get(key) is None:
             raise KeyError(
                 f"rope_parameters[{key!r}] is required for rope_type={rope_type!r} "
                 f"({spec.describe_allowed()}: {spec.help})"
             )
-    if rope_parameters.get("rope_theta") is None:
+
+
+def _check_theta(rope_type: str, given: dict) -> None:
+    if given.get("rope_theta") is None:
         raise KeyError(
             f"rope_parameters['rope_theta'] is missing for rope_type={rope_type!r}: passing rope_parameters to "
             "from_pretrained replaces the saved dict, base included; build it with "
             "hf_rope_ext.rope_parameters_for(path, rope_type, ...) or add the checkpoint's rope_theta"
         )
-    if method.check is not None:
-        method.check(rope_parameters, config)
 
 
 def _check_value(rope_type: str, key: str, value: Any, spec: Param) -> None:
     def fail() -> None:
-        raise ValueError(
+        raise RopeParameterError(
             f"rope_parameters[{key!r}]={value!r} is invalid for rope_type={rope_type!r}: "
             f"expected {spec.describe_allowed()}"
         )
@@ -206,7 +243,10 @@ BUILTIN_TYPES: dict[str, dict[str, Any]] = {
     },
 }
 
+BUILTIN_TYPES["proportional"] = {"partial_rotary_factor": 1.0}  # transformers 5.23 (Gemma 4)
+
 BUILTIN_SUMMARIES = {
+    "proportional": "default frequencies over the whole head_dim, the last 1 - partial_rotary_factor of them zero",
     "default": "plain RoPE, theta_i = b^(-2i/d)",
     "linear": "position interpolation: theta_i / s",
     "dynamic": "dynamic NTK: base grows with seq_len beyond max_position_embeddings",

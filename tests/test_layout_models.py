@@ -251,44 +251,73 @@ def test_converting_a_live_model_changes_what_it_saves_not_its_logits(family, lo
     assert all(torch.equal(v, before[k]) for k, v in load_file(tmp_path / "half" / "model.safetensors").items())
 
 
+def _layout_ops(transforms) -> list:
+    from hf_rope_ext._transformers import RopeLayoutToHalf
+
+    return [op for t in transforms for op in getattr(t, "operations", ()) if isinstance(op, RopeLayoutToHalf)]
+
+
 def test_stock_models_load_and_save_bit_identically(tmp_path):
-    """Without rope_layout the layout op hands back the very tensor it got: files and weights as stock."""
-    from hf_rope_ext._transformers import RopeLayoutToHalf, install
+    """A half (stock) model: no layout op on load or save, files and weights as stock."""
+    from transformers import conversion_mapping
+
+    from hf_rope_ext._transformers import install
 
     model = family_model("llama")
-    install()  # idempotent: no second set of converters
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
-
-    ops = [op for t in get_checkpoint_conversion_mapping("llama") for op in t.operations]
-    assert len(ops) == 4 and all(isinstance(op, RopeLayoutToHalf) for op in ops)
-    w = model.model.layers[0].self_attn.q_proj.weight
-    assert ops[0].convert({"p": [w]}, ["p"], ["p"], config=model.config)["p"] is w
+    install()  # idempotent: the lookup is wrapped once
+    assert not hasattr(conversion_mapping.get_model_conversion_mapping.hf_rope_ext_stock, "hf_rope_ext_stock")
+    assert conversion_mapping.get_model_conversion_mapping(model, add_legacy=False) == []
     model.save_pretrained(tmp_path)
     saved = load_file(tmp_path / "model.safetensors")
     assert "rope_layout" not in json.loads((tmp_path / "config.json").read_text())
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+    assert _layout_ops(loaded._weight_conversions) == []
     assert all(
         torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values(), strict=True)
     )
 
 
-def test_registered_mappings_keep_what_transformers_had():
+def test_transformers_registry_is_left_as_it_was():
+    """Nothing is registered by model type: stock checkpoints of every family see transformers' own mapping."""
     from transformers.conversion_mapping import _build_checkpoint_conversion_mapping, get_checkpoint_conversion_mapping
 
-    from hf_rope_ext._transformers import RopeLayoutToHalf
     from hf_rope_ext.models import layout_families
 
     original = _build_checkpoint_conversion_mapping()
     for family in layout_families():
         for model_type in family.model_types:
-            ours = get_checkpoint_conversion_mapping(model_type)
-            if not family.loads_to_half:
-                assert repr(ours) == repr(original.get(model_type))
-                continue
-            before = original.get(model_type) or []
-            assert repr(ours[: len(before)]) == repr(before)
-            assert all(isinstance(op, RopeLayoutToHalf) for t in ours[len(before) :] for op in t.operations)
+            assert repr(get_checkpoint_conversion_mapping(model_type)) == repr(original.get(model_type))
+
+
+@pytest.mark.parametrize(
+    ("family", "extra", "patterns"),
+    [
+        ("llama", {"attention_bias": False}, ["self_attn.q_proj.weight", "self_attn.k_proj.weight"]),
+        (
+            "qwen2",
+            {},
+            ["self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight", "self_attn.k_proj.bias"],
+        ),
+    ],
+)
+def test_interleaved_models_get_one_converter_per_tensor_they_have(family, extra, patterns, tmp_path):
+    """Bias patterns only where the model has biases (transformers rejects a pattern that matches no key)."""
+    from transformers import conversion_mapping
+
+    model = family_model(family)
+    for key, value in extra.items():
+        setattr(model.config, key, value)
+    model = AutoModelForCausalLM.from_config(model.config)
+    assert conversion_mapping.get_model_conversion_mapping(model, add_legacy=False) == []
+    model.config.rope_layout = "interleaved"
+    found = conversion_mapping.get_model_conversion_mapping(model, add_legacy=False)
+    assert [p for t in found for p in t.source_patterns] == patterns
+    assert len(_layout_ops(found)) == len(patterns)
+    # every pattern matches a key of the file the model writes
+    model.save_pretrained(tmp_path)
+    keys = load_file(tmp_path / "model.safetensors").keys()
+    assert all(any(k.endswith(p) for k in keys) for p in patterns)
 
 
 # ----------------------------------------------------------------------------- RoFormer (interleaved natively)

@@ -132,7 +132,7 @@ def test_from_pretrained_without_base_is_refused_and_rope_parameters_for_keeps_i
 
     tiny_model("llama", {"rope_type": "default", "rope_theta": 500000.0}).save_pretrained(tmp_path)
     with pytest.raises(KeyError, match="rope_theta"):
-        AutoModelForCausalLM.from_pretrained(tmp_path, rope_scaling={"type": "ntk", "factor": 4.0})
+        AutoModelForCausalLM.from_pretrained(tmp_path, rope_parameters={"rope_type": "ntk", "factor": 4.0})
     params = rope_parameters_for(tmp_path, "ntk_by_parts", factor=4.0)
     assert params == {
         "rope_theta": 500000.0,

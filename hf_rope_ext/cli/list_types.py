@@ -19,32 +19,37 @@ def _format_default(value) -> str:
     return "-" if value is None else str(value)
 
 
-def rows() -> list[dict]:
-    """One row per rope type: name, source, level, parameters with defaults, summary."""
-    from ..registry import BUILTIN_SUMMARIES, BUILTIN_TYPES, methods
+def _method_row(m) -> dict:
+    return {
+        "rope_type": m.name,
+        "source": "hf_rope_ext",
+        "level": m.kind + (", dynamic" if m.dynamic else ""),
+        "parameters": {k: _format_default(p.default) for k, p in m.params.items()},
+        "summary": m.summary,
+    }
 
-    table = [
-        {
-            "rope_type": m.name,
-            "source": "hf_rope_ext",
-            "level": m.kind + (", dynamic" if m.dynamic else ""),
-            "parameters": {k: _format_default(p.default) for k, p in m.params.items()},
-            "summary": m.summary,
-        }
-        for m in methods()
-    ]
-    for name, params in BUILTIN_TYPES.items():
-        level = "frequency, dynamic" if name in ("dynamic", "longrope") else "frequency"
-        table.append(
-            {
-                "rope_type": name,
-                "source": "transformers",
-                "level": level,
-                "parameters": {k: _format_default(v) for k, v in params.items()},
-                "summary": BUILTIN_SUMMARIES[name],
-            }
-        )
-    return table
+
+def _builtin_row(name: str) -> dict:
+    """transformers' own type; one this package has no notes on (a newer transformers) is listed all the same."""
+    from ..registry import BUILTIN_SUMMARIES, BUILTIN_TYPES
+
+    return {
+        "rope_type": name,
+        "source": "transformers",
+        "level": "frequency, dynamic" if name in ("dynamic", "longrope") else "frequency",
+        "parameters": {k: _format_default(v) for k, v in BUILTIN_TYPES.get(name, {}).items()},
+        "summary": BUILTIN_SUMMARIES.get(name, "transformers' own type (see its documentation)"),
+    }
+
+
+def rows() -> list[dict]:
+    """One row per rope type transformers resolves (the package's first, sorted): name, source, level,
+    parameters with defaults, summary. Read from ``ROPE_INIT_FUNCTIONS`` itself, checked against the registry."""
+    from .._transformers import rope_types
+
+    found = rope_types()
+    ours = sorted((m for _, m in found if m is not None), key=lambda m: m.name)
+    return [_method_row(m) for m in ours] + [_builtin_row(name) for name, m in found if m is None]
 
 
 def markdown(table: list[dict]) -> str:

@@ -61,6 +61,10 @@ def _convert_model(model: torch.nn.Module, to: str, config) -> torch.nn.Module:
     # loads_to_half: tensors stay half in memory (only checked); only what save_pretrained writes changes
     _permute_parameters(model, family, config, to, check_only=family.loads_to_half)
     config.rope_layout = to
+    if family.loads_to_half:
+        from .._transformers import record_layout_conversions
+
+        record_layout_conversions(base)  # what save_pretrained applies follows the new layout
     return model
 
 

@@ -9,12 +9,14 @@ What :func:`install` changes (idempotent; :func:`uninstall` restores all of it, 
 
 1. ``RoFormerEncoder.__init__`` and ``.forward`` are wrapped, nothing else of the class. Each calls :func:`sync`,
    which reads the config's rope request (``rope_parameters`` / ``rope_scaling``, ``rope_theta``, ``rope_layout``).
-   Without one the encoder is left exactly as transformers built it (stock, bit for bit). With one, the request
+   Without one the encoder is left as transformers built it (stock, bit for bit; an input longer than the table
+   gets an error saying what to set instead of an IndexError from the lookup). With one, the request
    is validated (at build time, so bad input fails early) and per-instance changes are attached (below).
    ``forward`` re-checks the request, so a config changed after loading (``convert_layout`` setting
    ``rope_layout``) takes effect; the check is one tuple comparison.
-2. ``RoFormerConfig`` gets ``rope_parameters``, ``rope_theta`` and ``rope_layout`` as attributes that read None once
-   the config is built and are absent while transformers' ``__post_init__`` runs. That is what lets
+2. ``RoFormerConfig`` gets ``rope_parameters``, ``rope_theta`` and ``rope_layout`` as attributes that read empty
+   ({} for rope_parameters, None for the others) once the config is built and are absent while transformers'
+   ``__post_init__`` runs. That is what lets
    ``from_pretrained(path, rope_parameters=...)`` reach the config (transformers only sets kwargs the config
    already has) while stock configs, and the json they save, stay as they were. Replacing a rope_parameters
    that records a rope_theta by one without it is refused (KeyError), as the registry does for other families.
@@ -147,20 +149,15 @@ def frequency_function(rope_type: str) -> tuple[Callable, bool]:
 
 
 def validate_parameters(config, params: dict) -> None:
-    """transformers' validator for its own types, the registry's for this package's; unknown keys fail loudly."""
+    """The registry's validator for this package's types, transformers' for its own (``default`` included).
+
+    As on every other family, transformers' validators refuse missing keys and only warn about keys a type does
+    not use (transformers' own rope tests pass ``original_max_position_embeddings`` with ``default``).
+    """
     rope_type = params["rope_type"]
     if rope_type in registry.available_rope_types():
         # roper's own family check names the rope-registry attention modules; RoFormer runs RoPER by itself
         registry.validate(params, None if rope_type == ROPER else config)
-        return
-    if rope_type in (ROPER, "default"):
-        allowed = set(registry.COMMON_KEYS) - {"type"}
-        extra = sorted(set(params) - allowed)
-        if extra:
-            raise ValueError(
-                f"rope_parameters[{extra[0]!r}]={params[extra[0]]!r} is not a parameter of rope_type={rope_type!r} "
-                f"on RoFormer; allowed keys: {sorted(allowed)}"
-            )
         return
     validator = getattr(config, f"_validate_{rope_type}_rope_parameters", None)
     if validator is not None:
@@ -359,7 +356,11 @@ def validate_roformer_rope(self) -> None:
 
 
 class LateDefault:
-    """A RoFormerConfig attribute that reads None once the config is built, but is absent during __post_init__."""
+    """A RoFormerConfig attribute that reads empty once the config is built, but is absent during __post_init__.
+
+    Empty is None, or for ``rope_parameters`` a new empty dict (not stored: assign a dict to set it), so that code
+    written for other rope families (``"partial_rotary_factor" in config.rope_parameters``) runs on RoFormer too.
+    """
 
     def __init__(self, name: str):
         self.name = name
@@ -370,7 +371,7 @@ class LateDefault:
         if self.name in obj.__dict__:
             return obj.__dict__[self.name]
         if obj.__dict__.get("_post_init_done"):
-            return None
+            return {} if self.name == "rope_parameters" else None
         raise AttributeError(self.name)
 
     def __set__(self, obj, value):
@@ -392,8 +393,32 @@ def _init(self, config, *args, **kwargs):
     sync(self)
 
 
+class TableLengthError(ValueError, IndexError):
+    """A stock RoFormer fed more positions than its table has: a ValueError naming what to set (an IndexError
+    too, what stock RoFormer raises there)."""
+
+
+def check_table_length(encoder, args: tuple, kwargs: dict) -> None:
+    """Stock RoFormer looks positions up in a table of max_position_embeddings rows; past it, say what to set."""
+    hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]  # [B, L, hidden]
+    past = kwargs["past_key_values"] if "past_key_values" in kwargs else (args[4] if len(args) > 4 else None)
+    cached = past.get_seq_length() if past is not None else 0
+    rows = encoder.embed_positions.weight.shape[0]
+    if cached + hidden.shape[1] > rows:
+        raise TableLengthError(
+            f"this input needs positions 0..{cached + hidden.shape[1] - 1} ({cached} cached + {hidden.shape[1]} new "
+            f"tokens) and RoFormer reads them from a table of max_position_embeddings={rows} rows. To run longer "
+            "inputs, set rope parameters (positions are then computed, with no table limit): "
+            "rope_parameters={'rope_type': 'default'} runs the model as trained at any length, "
+            "{'rope_type': 'linear', 'factor': 2.0} or another type of `hf-rope-ext list` scales it; pass it to "
+            "from_pretrained(path, rope_parameters=...) or set config.rope_parameters before building the model"
+        )
+
+
 def _forward(self, *args, **kwargs):
     sync(self)
+    if "_hf_rope_ext" not in self.__dict__:  # stock: only the error past the table changes
+        check_table_length(self, args, kwargs)
     return _STOCK["forward"](self, *args, **kwargs)
 
 
