@@ -95,11 +95,11 @@ def test_refusals(saved, capsys):
     assert "already in rope_layout='half'" in capsys.readouterr().err
     assert main(["convert-layout", str(tmp / "nowhere"), str(tmp / "y"), "--to", "half"]) == 2
     assert "is not a directory" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["convert-layout", str(src), str(tmp / "z"), "--to", "diagonal"])
+    assert main(["convert-layout", str(src), str(tmp / "z"), "--to", "diagonal"]) == 2
     assert not (tmp / "x").exists() and not (tmp / "y").exists()
     assert main(["convert-layout", str(src), str(tmp / "dst"), "--to", "interleaved", "--overwrite"]) == 0
-    assert not (tmp / "dst" / "mine.txt").exists()
+    assert (tmp / "dst" / "mine.txt").read_text() == "user data"  # --overwrite replaces only what it writes
+    assert "kept 1 file(s) this command does not write: mine.txt" in capsys.readouterr().out
 
 
 def test_adapter_directory(saved, capsys):

@@ -74,7 +74,7 @@ def test_adapter_dry_run_loads_with_peft(tmp_path):
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "base", rope_parameters=NTK)
     adapter = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     adapter.save_pretrained(tmp_path / "adapter")  # leaves peft's placeholder README.md, which we may replace
-    push(tmp_path / "adapter", "someone/tiny-lora", dry_run=tmp_path / "dry")
+    push(tmp_path / "adapter", "someone/tiny-lora", dry_run=tmp_path / "dry", base_model_id="someone/tiny-base")
     card = ModelCard.load(tmp_path / "dry" / "README.md")
     assert (
         card.data.library_name == "peft" and 'AutoPeftModelForCausalLM.from_pretrained("someone/tiny-lora"' in card.text
@@ -91,7 +91,7 @@ def test_bad_input(saved, tmp_path, capsys):
     assert main(["push", str(tmp_path / "empty"), "--repo-id", "a/b", "--dry-run", str(tmp_path / "x")]) == 2
     assert "neither a saved model" in capsys.readouterr().err
     assert main(["push", str(src), "--repo-id", "bad repo!!", "--dry-run", str(tmp_path / "x")]) == 2
-    assert "repo_id='bad repo!!'" in capsys.readouterr().err
+    assert "--repo-id 'bad repo!!' is not a valid Hub repo id" in capsys.readouterr().err
     config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(
         json.dumps({**config, "rope_parameters": {"rope_type": "bogus", "rope_theta": 1e4}})

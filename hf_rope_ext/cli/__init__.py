@@ -40,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # --help (0), or a usage error argparse has printed with the usage (2)
+        return stop.code if isinstance(stop.code, int) else int(stop.code is not None)
     quiet_progress(args)
     try:
         if args.command not in NO_TRANSFORMERS:

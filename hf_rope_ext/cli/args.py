@@ -59,7 +59,7 @@ def comma_list(item_type):
         try:
             return [item_type(x) for x in items]
         except argparse.ArgumentTypeError as err:
-            raise argparse.ArgumentTypeError(f"{err} in {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{err} in the comma-separated list {text!r}") from None
 
     parse.__name__ = f"list of {item_type.__name__}"
     return parse

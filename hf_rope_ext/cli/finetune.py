@@ -107,8 +107,8 @@ def config_of(args):
     if args.max_steps is None and not args.stages:
         raise ValueError("--max-steps is required (or --stages 'length:steps,...', which gives the steps)")
     model = loading.resolve_model(args.model) if args.model else str(default_model_path())
-    if Path(model).is_dir():
-        loading.load_config(model)  # refuses a model without RoPE, naming its model_type
+    # refuses a model without RoPE, naming its model_type; a Hub id is read now, so a missing one fails in one line
+    loading.load_config(model) if Path(model).is_dir() else loading.hub_config(model)
     return FinetuneConfig(
         model=model,
         out=args.out,

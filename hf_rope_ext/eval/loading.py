@@ -69,9 +69,9 @@ def check_model_path(path) -> Path:
     """A local model folder (with config.json); FileNotFoundError naming what is missing."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"model {str(path)!r}: no such folder")
+        raise FileNotFoundError(f"model {str(path)!r} is not a model directory (no such folder)")
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model {str(path)!r} is not a model folder (no config.json there)")
+        raise FileNotFoundError(f"model {str(path)!r} is not a model directory (no config.json there)")
     return path
 
 
@@ -86,7 +86,7 @@ def resolve_model(name: str) -> str:
         validate_repo_id(name)
     except HFValidationError:
         raise FileNotFoundError(
-            f"model {name!r}: no such folder, and not a Hub repo id ('name' or 'owner/name')"
+            f"model {name!r} is not a model directory (no such folder) nor a Hub repo id ('name' or 'owner/name')"
         ) from None
     return name
 
@@ -99,6 +99,22 @@ def check_rope_config(config, name) -> None:
             "(rope_parameters) that hf-rope-ext can extend; use a RoPE model (llama, mistral, qwen2, qwen3, phi3, "
             "stablelm, roformer, ...)"
         )
+
+
+def hub_config(name: str):
+    """The config of Hub repo ``name`` (HF_HUB_OFFLINE: from the cache only); one line naming it when there is none."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except OSError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FileNotFoundError(
+            f"model {name!r} is not a model directory (no such folder) nor a model on the Hub "
+            f"that could be read: {first}"
+        ) from None
+    check_rope_config(config, name)
+    return config
 
 
 def load_config(path):
