@@ -276,7 +276,7 @@ def read_model_config(src: Path) -> dict:
 def check_paths(src: Path, dst: Path) -> None:
     s, d = src.resolve(), dst.resolve()
     if d == s or s in d.parents or d in s.parents:
-        raise ValueError(f"DST {str(dst)!r} must lie outside SRC {str(src)!r} (SRC is never written)")
+        raise ValueError(f"dst={str(dst)!r} must lie outside src={str(src)!r} (src is never written)")
 
 
 def check_layout(config: dict) -> None:
