@@ -75,9 +75,7 @@ def _build(src: Path, staging: Path, config: dict, remote_code: bool) -> tuple:
         lowered = lower_config(config)
     except NotLowerable as err:
         if not remote_code:
-            raise NotLowerable(
-                f"{err}; pass --remote-code (remote_code=True) to ship it as trust_remote_code"
-            ) from None
+            raise NotLowerable(f"{err}; pass --remote-code to ship it as trust_remote_code") from None
         from .remote_code import write_remote_code
 
         write_json(staging / "config.json", write_remote_code(staging, config))
@@ -294,7 +292,7 @@ def copy_files(src: Path, dst: Path) -> None:
     from tqdm.auto import tqdm
 
     files = [p for p in sorted(src.iterdir()) if p.is_file() and p.name not in SKIPPED_FILES]
-    for path in tqdm(files, desc="copying", unit="file", disable=len(files) < 4):
+    for path in tqdm(files, desc="copying", unit="file", disable=True if len(files) < 4 else None):  # None: tty only
         shutil.copy2(path, dst / path.name)
 
 
