@@ -292,7 +292,9 @@ def copy_files(src: Path, dst: Path) -> None:
     from tqdm.auto import tqdm
 
     files = [p for p in sorted(src.iterdir()) if p.is_file() and p.name not in SKIPPED_FILES]
-    for path in tqdm(files, desc="copying", unit="file", disable=True if len(files) < 4 else None):  # None: tty only
+    files = [p for p in files if not p.name.startswith(".")]  # hidden ones (a manifest of ours) stay behind
+    disable = True if len(files) < 4 else None  # None: a bar on a terminal only
+    for path in tqdm(files, desc="copying", unit="file", disable=disable):
         shutil.copy2(path, dst / path.name)
 
 

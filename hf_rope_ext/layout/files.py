@@ -158,6 +158,5 @@ def _write_layout(config_in: Path, config_out: Path, to: str) -> None:
 def _progress(items):
     from tqdm.auto import tqdm
 
-    return tqdm(
-        items, desc="convert-layout", unit="file", disable=True if len(items) < 2 else None
-    )  # None: no tty, no bar
+    disable = True if len(items) < 2 else None  # None: a bar on a terminal only
+    return tqdm(items, desc="convert-layout", unit="file", disable=disable)
