@@ -1,17 +1,50 @@
 """hf_rope_ext: RoPE context-extension methods for Hugging Face transformers 5.x.
 
-Importing the package registers its rope types into transformers (idempotently).
+Importing the package registers its rope types into transformers (idempotently). The one exception is the start
+of the ``hf-rope-ext`` command itself, so that ``--help`` and ``list`` need not import torch and transformers:
+the command calls :func:`load` before running a subcommand that needs them, and any public name loads on access.
 """
 
-from ._transformers import install as _install
-from .configure import rope_parameters_for
-from .export import export  # portable export (issue 8); the function shadows the submodule's attribute name
-from .layout import convert_layout
-from .models.roformer import install as _install_roformer
-from .registry import available_rope_types, get_method
+import os
+import sys
 
 __version__ = "0.1.0"
 __all__ = ["available_rope_types", "convert_layout", "export", "get_method", "rope_parameters_for", "__version__"]
 
-_install()
-_install_roformer()
+
+def load() -> None:
+    """Import the public names and register the rope types into transformers (idempotent)."""
+    from . import _transformers, configure, layout, registry
+    from .export import export  # portable export; the function shadows the submodule's attribute name
+    from .models.roformer import install as install_roformer
+
+    globals().update(
+        rope_parameters_for=configure.rope_parameters_for,
+        export=export,
+        convert_layout=layout.convert_layout,
+        available_rope_types=registry.available_rope_types,
+        get_method=registry.get_method,
+    )
+    _transformers.install()
+    install_roformer()
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        load()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _command_starting() -> bool:
+    """True while ``python -m hf_rope_ext`` (runpy sets argv[0] to "-m" while it imports the package) or the
+    ``hf-rope-ext`` console script starts."""
+    if sys.argv[:1] == ["-m"]:
+        orig = getattr(sys, "orig_argv", [])
+        pairs = zip(orig, orig[1:], strict=False)
+        return any(a == "-m" and b == __name__ for a, b in pairs) or f"-m{__name__}" in orig
+    return bool(sys.argv) and os.path.basename(sys.argv[0]).removesuffix(".exe") == "hf-rope-ext"
+
+
+if not _command_starting():
+    load()

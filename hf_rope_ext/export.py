@@ -11,7 +11,8 @@ Lowerings (each checked numerically with transformers' own rotary module before 
 
 Dynamic and attention-level types have no stock form: they are exported only with ``remote_code=True``, which
 ships a self-contained module (``auto_map``) that stock transformers loads with ``trust_remote_code=True``.
-The source directory is only read; the result is staged beside ``dst`` and moved into place at the end.
+The source directory is only read; the result is staged beside ``dst`` and moved into place at the end; an
+existing ``dst`` is written only with ``overwrite`` and then keeps every file the export does not write.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .outputs import Staged
 from .registry import BUILTIN_TYPES, get_method
 
 SKIPPED_FILES = ("config.json", "README.md")  # rewritten / regenerated; every other top-level file is copied
@@ -42,6 +43,7 @@ class ExportResult:
     source_rope_parameters: dict
     rope_parameters: dict
     max_rel_error: float | None  # measured inv_freq difference of a lowering (None when nothing was lowered)
+    output_notes: tuple[str, ...] = ()  # files of DST kept or removed as stale (see hf_rope_ext.outputs)
 
 
 def export(
@@ -57,17 +59,12 @@ def export(
     """Write ``src`` (a saved model directory) to ``dst`` in a form stock transformers loads without hf_rope_ext."""
     src, dst = Path(src), Path(dst)
     config = read_model_config(src)
-    check_paths(src, dst, overwrite)
-    staging = dst.resolve().parent / f".{dst.name}.export-{uuid.uuid4().hex[:8]}"
-    staging.mkdir(parents=True)
-    try:
+    check_paths(src, dst)
+    stage = Staged(dst, overwrite, "DST", writes_card=True)
+    with stage as staging:
         result = _build(src, staging, config, remote_code)
         _write_card(staging, result, str(dst.resolve()), base_model, license, notes)
-        _replace(staging, dst)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return ExportResult(dst, *result)
+    return ExportResult(dst, *result, output_notes=tuple(stage.summary()))
 
 
 def _build(src: Path, staging: Path, config: dict, remote_code: bool) -> tuple:
@@ -78,9 +75,7 @@ def _build(src: Path, staging: Path, config: dict, remote_code: bool) -> tuple:
         lowered = lower_config(config)
     except NotLowerable as err:
         if not remote_code:
-            raise NotLowerable(
-                f"{err}; pass --remote-code (remote_code=True) to ship it as trust_remote_code"
-            ) from None
+            raise NotLowerable(f"{err}; pass --remote-code to ship it as trust_remote_code") from None
         from .remote_code import write_remote_code
 
         write_json(staging / "config.json", write_remote_code(staging, config))
@@ -276,14 +271,10 @@ def read_model_config(src: Path) -> dict:
     return config
 
 
-def check_paths(src: Path, dst: Path, overwrite: bool) -> None:
+def check_paths(src: Path, dst: Path) -> None:
     s, d = src.resolve(), dst.resolve()
     if d == s or s in d.parents or d in s.parents:
         raise ValueError(f"dst={str(dst)!r} must lie outside src={str(src)!r} (src is never written)")
-    if dst.exists() and not overwrite:
-        raise FileExistsError(f"dst={str(dst)!r} exists; pass --overwrite (overwrite=True) to replace it")
-    if dst.exists() and not dst.is_dir():
-        raise FileExistsError(f"dst={str(dst)!r} exists and is not a directory; refusing to replace it")
 
 
 def check_layout(config: dict) -> None:
@@ -301,7 +292,9 @@ def copy_files(src: Path, dst: Path) -> None:
     from tqdm.auto import tqdm
 
     files = [p for p in sorted(src.iterdir()) if p.is_file() and p.name not in SKIPPED_FILES]
-    for path in tqdm(files, desc="copying", unit="file", disable=len(files) < 4):
+    files = [p for p in files if not p.name.startswith(".")]  # hidden ones (a manifest of ours) stay behind
+    disable = True if len(files) < 4 else None  # None: a bar on a terminal only
+    for path in tqdm(files, desc="copying", unit="file", disable=disable):
         shutil.copy2(path, dst / path.name)
 
 
@@ -328,12 +321,6 @@ def _write_card(staging: Path, result: tuple, model_id: str, base_model, license
         license=license,
         notes="\n\n".join(n for n in (notes, extra) if n) or None,
     )
-
-
-def _replace(staging: Path, dst: Path) -> None:
-    if dst.exists():
-        shutil.rmtree(dst)
-    staging.rename(dst)
 
 
 def _live_config(config: dict):

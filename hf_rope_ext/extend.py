@@ -10,12 +10,11 @@ time) at s x L0 with factor s, for s in ``factors``, plus L0 itself with the sma
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from . import registry
+from . import outputs, registry
 from .eval import loading
 from .eval.data import load_token_documents, long_enough
 from .eval.last_chunk import last_chunk_losses
@@ -113,10 +112,7 @@ def merge_last_chunk(records: list[dict], chunk: dict, name: str, factor, params
 def run_comparison(path, methods=None, factors=DEFAULT_FACTORS, plan=None, data=None, progress=True, extra=None):
     """Records of every method in ``methods`` (default: ``applicable_methods``) at the lengths the factors give;
     ``plan`` sets what is measured (its lengths are ignored); ``extra`` parameters go to every type but none."""
-    from transformers import AutoConfig
-
-    path = loading.check_model_path(path)
-    config = AutoConfig.from_pretrained(path)
+    config = loading.load_config(path)  # a model without RoPE is refused here, naming its model_type
     pretrain = loading.pretraining_length(config)
     factors = sorted(float(s) for s in factors)
     if any(s < 1 for s in factors):
@@ -134,22 +130,15 @@ def run_comparison(path, methods=None, factors=DEFAULT_FACTORS, plan=None, data=
     return records
 
 
-def check_out_dir(out, overwrite: bool) -> bool:
-    """FileExistsError when ``out`` exists and is not an empty folder, unless ``overwrite``; True if it must go."""
-    out = Path(out)
-    occupied = out.exists() and (not out.is_dir() or any(out.iterdir()))
-    if occupied and not overwrite:
-        raise FileExistsError(f"out: {str(out)!r} exists and is not empty; pass --overwrite to replace it")
-    return occupied
+def check_out_dir(out, overwrite: bool, flag: str = "--out", writes_card: bool = False) -> None:
+    """Refuse an occupied ``out`` without ``overwrite``, and a README.md of the user's where the card goes."""
+    outputs.check_dir(out, overwrite, flag, writes_card)
 
 
-def prepare_out_dir(out, overwrite: bool) -> Path:
-    """``out`` created and empty (an occupied one is removed only with ``overwrite``)."""
-    out = Path(out)
-    if check_out_dir(out, overwrite):
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+def prepare_out_dir(out, overwrite: bool, flag: str = "--out", writes_card: bool = False) -> Path:
+    """``out`` created; with ``overwrite`` the files written there replace their namesakes and every other file
+    stays (nothing is removed)."""
+    return outputs.prepare_dir(out, overwrite, flag, writes_card)
 
 
 def save_extended(path, rope_type, factor, out, records, plot=None, extra=None) -> Path:

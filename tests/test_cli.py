@@ -1,22 +1,36 @@
-"""The ``hf-rope-ext`` command: subcommands listed, ``list`` shows every type, errors are one line with code 2."""
+"""The ``hf-rope-ext`` command: subcommands listed, ``list`` shows every type, ``--help`` and ``list`` start
+without importing transformers (or, for ``--help``, torch), errors are one line with code 2."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-
-import pytest
+from pathlib import Path
 
 from hf_rope_ext import registry
 from hf_rope_ext.cli import COMMANDS, main
 
+ROOT = Path(__file__).resolve().parents[1]
 
-def test_help_lists_the_subcommands():
+
+def imported_modules(*args: str) -> set[str]:
+    """Top-level packages a fresh ``python -X importtime -m hf_rope_ext ARGS`` imports (it must exit 0)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-X", "importtime", "-m", "hf_rope_ext", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    lines = [line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
+    return {name.split(".")[0] for name in lines}
+
+
+def test_help_lists_the_subcommands_without_importing_torch_or_transformers():
     out = subprocess.run([sys.executable, "-m", "hf_rope_ext", "--help"], capture_output=True, text=True, check=True)
     for name in COMMANDS:
         assert name in out.stdout
-    assert {"list"} <= set(COMMANDS)
+    for args in (["--help"], ["finetune", "--help"], ["eval", "--help"]):
+        assert not {"torch", "transformers", "peft", "datasets"} & imported_modules(*args), args
+    assert "transformers" not in imported_modules("list", "--json")
 
 
 def test_list_shows_every_type_with_parameters_and_level(capsys):
@@ -27,16 +41,22 @@ def test_list_shows_every_type_with_parameters_and_level(capsys):
     assert "frequency" in text and "`factor` (required)" in text and "`beta_fast` (32.0)" in text
 
 
-def test_list_json_matches_the_registry(capsys):
+def test_list_json_keeps_json_types(capsys):
     assert main(["list", "--json"]) == 0
     rows = {row["rope_type"]: row for row in json.loads(capsys.readouterr().out)}
     for method in registry.methods():
         row = rows[method.name]
-        assert row["source"] == "hf_rope_ext" and row["level"].startswith(method.kind)
+        assert row["source"] == "hf_rope_ext" and row["level"] == method.kind and row["dynamic"] is method.dynamic
         assert set(row["parameters"]) == set(method.params)
+        for key, spec in method.params.items():
+            required = spec.default is registry.REQUIRED
+            assert row["parameters"][key] == {"default": None if required else spec.default, "required": required}
+    assert rows["ntk_by_parts"]["parameters"]["beta_fast"]["default"] == 32.0  # a number, not "32.0"
+    assert rows["ntk_by_parts"]["parameters"]["truncate"]["default"] is True  # a boolean, not "True"
+    assert rows["yarn"]["parameters"]["factor"] == {"default": None, "required": True}
+    assert rows["dynamic"]["dynamic"] is True and rows["linear"]["dynamic"] is False
 
 
-def test_unknown_subcommand_is_an_error():
-    with pytest.raises(SystemExit) as excinfo:
-        main(["frobnicate"])
-    assert excinfo.value.code == 2
+def test_unknown_subcommand_is_an_error(capsys):
+    assert main(["frobnicate"]) == 2
+    assert "invalid choice: 'frobnicate'" in capsys.readouterr().err

@@ -223,7 +223,8 @@ def test_bad_input_and_overwrite(tmp_path):
         hf_rope_ext.export(src, tmp_path / "taken")
     assert (tmp_path / "taken" / "mine.txt").read_text() == "keep"
     hf_rope_ext.export(src, tmp_path / "taken", overwrite=True)
-    assert not (tmp_path / "taken" / "mine.txt").exists() and (tmp_path / "taken" / "model.safetensors").is_file()
+    assert (tmp_path / "taken" / "mine.txt").read_text() == "keep"  # --overwrite replaces only what export writes
+    assert (tmp_path / "taken" / "model.safetensors").is_file()
     config = json.loads((src / "config.json").read_text())
     (tmp_path / "bogus").mkdir()
     bogus = {**config, "rope_parameters": {"rope_type": "bogus", "rope_theta": 10000.0}}

@@ -86,7 +86,7 @@ def test_refusals(saved, capsys):
     (tmp / "dst").mkdir()
     (tmp / "dst" / "mine.txt").write_text("user data")
     assert main(["convert-layout", str(src), str(tmp / "dst"), "--to", "interleaved"]) == 2
-    assert "exists; pass --overwrite" in capsys.readouterr().err
+    assert "exists and is not empty; pass --overwrite" in capsys.readouterr().err
     assert (tmp / "dst" / "mine.txt").read_text() == "user data"
     assert main(["convert-layout", str(src), str(src), "--to", "interleaved", "--overwrite"]) == 2
     assert main(["convert-layout", str(src), str(src / "sub"), "--to", "interleaved"]) == 2
@@ -95,11 +95,11 @@ def test_refusals(saved, capsys):
     assert "already in rope_layout='half'" in capsys.readouterr().err
     assert main(["convert-layout", str(tmp / "nowhere"), str(tmp / "y"), "--to", "half"]) == 2
     assert "is not a directory" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["convert-layout", str(src), str(tmp / "z"), "--to", "diagonal"])
+    assert main(["convert-layout", str(src), str(tmp / "z"), "--to", "diagonal"]) == 2
     assert not (tmp / "x").exists() and not (tmp / "y").exists()
     assert main(["convert-layout", str(src), str(tmp / "dst"), "--to", "interleaved", "--overwrite"]) == 0
-    assert not (tmp / "dst" / "mine.txt").exists()
+    assert (tmp / "dst" / "mine.txt").read_text() == "user data"  # --overwrite replaces only what it writes
+    assert "kept 1 file(s) this command does not write: mine.txt" in capsys.readouterr().out
 
 
 def test_adapter_directory(saved, capsys):
@@ -152,3 +152,27 @@ def test_adapter_directory(saved, capsys):
     assert main(args) == 0
     back = load_file(tmp / "a_back" / "adapter_model.safetensors")
     assert all(torch.equal(back[k], v) for k, v in before.items())
+
+
+def test_run_folder_converts_its_top_level_files_and_names_the_subfolders_left_out(saved, capsys):
+    from peft import LoraConfig, get_peft_model
+
+    from hf_rope_ext.cards import write_model_card
+
+    model, tmp = saved
+    run = tmp / "run"
+    get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "k_proj"])).save_pretrained(run)
+    (run / "README.md").unlink()
+    write_model_card(run, kind="adapter", rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    (run / "checkpoints" / "step-000001").mkdir(parents=True)
+    (run / "checkpoints" / "step-000001" / "optimizer.bin").write_bytes(b"state")
+    model.save_pretrained(run / "merged")
+    dst = tmp / "run-interleaved"
+    assert main(["convert-layout", str(run), str(dst), "--to", "interleaved", "--config", str(tmp / "src")]) == 0
+    out = capsys.readouterr().out
+    assert "left out, not converted: checkpoints/, merged/" in out
+    assert sorted(p.name for p in dst.iterdir() if not p.name.startswith(".")) == sorted(
+        p.name for p in run.iterdir() if p.is_file()
+    )
+    assert "Rotary layout: `interleaved` (pairs (2i, 2i+1)" in (dst / "README.md").read_text()
+    assert "Rotary layout: `half`" in (run / "README.md").read_text()

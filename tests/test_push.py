@@ -74,7 +74,7 @@ def test_adapter_dry_run_loads_with_peft(tmp_path):
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "base", rope_parameters=NTK)
     adapter = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     adapter.save_pretrained(tmp_path / "adapter")  # leaves peft's placeholder README.md, which we may replace
-    push(tmp_path / "adapter", "someone/tiny-lora", dry_run=tmp_path / "dry")
+    push(tmp_path / "adapter", "someone/tiny-lora", dry_run=tmp_path / "dry", base_model_id="someone/tiny-base")
     card = ModelCard.load(tmp_path / "dry" / "README.md")
     assert (
         card.data.library_name == "peft" and 'AutoPeftModelForCausalLM.from_pretrained("someone/tiny-lora"' in card.text
@@ -91,7 +91,7 @@ def test_bad_input(saved, tmp_path, capsys):
     assert main(["push", str(tmp_path / "empty"), "--repo-id", "a/b", "--dry-run", str(tmp_path / "x")]) == 2
     assert "neither a saved model" in capsys.readouterr().err
     assert main(["push", str(src), "--repo-id", "bad repo!!", "--dry-run", str(tmp_path / "x")]) == 2
-    assert "repo_id='bad repo!!'" in capsys.readouterr().err
+    assert "--repo-id 'bad repo!!' is not a valid Hub repo id" in capsys.readouterr().err
     config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(
         json.dumps({**config, "rope_parameters": {"rope_type": "bogus", "rope_theta": 1e4}})
@@ -118,3 +118,56 @@ def test_missing_token_and_unreachable_hub_change_nothing(saved, tmp_path, monke
     assert main(["push", str(src), "--repo-id", "someone/tiny", "--token", "hf_fake"]) == 1
     assert "pushing to 'someone/tiny'" in capsys.readouterr().err
     assert (sorted(p.name for p in tmp_path.rglob("*")), digest(src)) == before
+
+
+@pytest.fixture
+def run_folder(tmp_path):
+    """What `hf-rope-ext finetune --merge --save-every N` leaves: adapter, extended config, card naming the base by
+    its local path, checkpoints/ with optimizer and RNG state, merged/, logs/."""
+    from peft import LoraConfig, get_peft_model
+
+    tiny_model().save_pretrained(tmp_path / "base")
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "base", rope_parameters=NTK)
+    run = tmp_path / "run"
+    get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(run)
+    base.config.save_pretrained(run)
+    (run / "README.md").unlink()
+    write_model_card(run, kind="adapter", base_model=str(tmp_path / "base"))
+    for name in ("checkpoints/step-000002/optimizer.bin", "checkpoints/step-000002/random_states_0.pkl"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_bytes(b"state")
+    base.save_pretrained(run / "merged")
+    (run / "logs").mkdir()
+    (run / "logs" / "train_log.csv").write_text("step,loss\n")
+    (run / "optimizer.pt").write_bytes(b"state")
+    return run
+
+
+def test_push_of_a_run_folder_uploads_what_a_reader_needs_with_the_base_as_a_hub_id(run_folder, tmp_path, capsys):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    base = str(tmp_path / "base")
+    assert main(["push", str(run_folder), "--repo-id", "me/run", "--dry-run", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert f"names its base model by the local path {base!r}" in err and "--base-model-id" in err
+    assert not (tmp_path / "refused").exists()
+    dry = tmp_path / "dry"
+    argv = ["push", str(run_folder), "--repo-id", "me/run", "--base-model-id", "me/base", "--dry-run", str(dry)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-m", "hf_rope_ext", *argv], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    uploaded = ["README.md", "adapter_config.json", "adapter_model.safetensors", "config.json"]
+    assert sorted(p.name for p in dry.iterdir()) == uploaded and all(p.is_file() for p in dry.iterdir())
+    listed = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("  ")]
+    assert listed == uploaded  # the file list is shown before anything is written
+    for left in ("checkpoints/ (training state)", "merged/ (the merged model", "logs/", "optimizer.pt"):
+        assert f"left out: {left}" in out.stdout
+    assert json.loads((dry / "adapter_config.json").read_text())["base_model_name_or_path"] == "me/base"
+    card = ModelCard.load(dry / "README.md")
+    assert card.data.base_model == "me/base" and "Base model: `me/base`." in card.text
+    assert 'adapter = "me/run"' in card.text
+    assert all(base not in p.read_text(errors="replace") for p in dry.iterdir() if p.suffix in (".md", ".json"))
+    assert (run_folder / "README.md").read_text().count(base) == 1  # the source folder is only read

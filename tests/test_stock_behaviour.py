@@ -300,11 +300,13 @@ def test_roformer_with_rope_parameters_runs_past_its_table_as_stock_inside_it():
 
 
 def test_list_shows_exactly_what_rope_init_functions_holds():
+    from hf_rope_ext._transformers import rope_types
     from hf_rope_ext.cli.list_types import rows
 
     table = rows()
     assert [r["rope_type"] for r in table if r["source"] == "hf_rope_ext"] == hf_rope_ext.available_rope_types()
     assert {r["rope_type"] for r in table} == set(ROPE_INIT_FUNCTIONS) | {"default"}
+    assert {name for name, _ in rope_types()} == {r["rope_type"] for r in table}  # entries checked against registry
     for name in hf_rope_ext.available_rope_types():  # each of ours validated on build and by the config mixin
         assert ROPE_INIT_FUNCTIONS[name].method is registry.get_method(name)
         assert hasattr(RotaryEmbeddingConfigMixin, f"_validate_{name}_rope_parameters")

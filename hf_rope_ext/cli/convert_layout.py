@@ -11,13 +11,19 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
         help="convert a saved model or LoRA adapter between the interleaved and half-rotate RoPE layouts",
         description=(
             "Permute the query/key rows (weights, biases, lora_B) of a saved model directory (safetensors, "
-            "sharded or not) or a peft adapter directory into another RoPE layout. SRC is never written."
+            "sharded or not) or a peft adapter directory into another RoPE layout. SRC is never written. Only "
+            "SRC's top-level files are written; its subfolders (a fine-tuning run's checkpoints/, merged/) are left "
+            "out and named: convert a merged/ model with a second call."
         ),
     )
     parser.add_argument("src", metavar="SRC", help="model directory (config.json) or adapter directory")
     parser.add_argument("dst", metavar="DST", help="new directory to write")
     parser.add_argument("--to", required=True, choices=["half", "interleaved"], help="layout to convert to")
-    parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into an existing DST, replacing only the files convert-layout writes",
+    )
     parser.add_argument(
         "--config",
         metavar="DIR",

@@ -16,7 +16,9 @@ def add_parser(subparsers, name):
     parser.add_argument("src", help="saved model directory (only read)")
     parser.add_argument("dst", help="new directory to write")
     parser.add_argument("--remote-code", action="store_true", help="ship types with no stock form as trust_remote_code")
-    parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="write into an existing DST, replacing only the files export writes"
+    )
     parser.add_argument("--base-model", help="Hub id of the base model, for the model card")
     parser.add_argument("--license", help="license identifier for the model card (e.g. apache-2.0)")
     return parser
@@ -40,6 +42,8 @@ def run(args) -> int:
         print(
             f"checked against transformers' rotary module: max relative inv_freq difference {result.max_rel_error:.3g}"
         )
+    for line in result.output_notes:
+        print(line)
     if result.mode == "remote-code":
         print("load with AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True)")
     return 0

@@ -7,33 +7,42 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from .args import comma_list, factor, model_argument, non_negative_int, positive_int
 from .eval_cmd import add_rope_arguments
 
 
 def add_parser(subparsers, name):
     parser = subparsers.add_parser(name, help="compare RoPE extension methods on a model; save a patched model")
-    parser.add_argument("--model", default=None, help="model directory (default: the bundled tiny-llama-stdlib)")
+    model_argument(parser)
     add_rope_arguments(parser)
-    parser.add_argument("--factors", default="2,4,8", help="factors s to compare at s x L0 (default 2,4,8)")
+    parser.add_argument(
+        "--factors",
+        type=comma_list(factor),
+        default=[2.0, 4.0, 8.0],
+        help="factors s (>= 1) to compare at s x L0 (default 2,4,8)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="save the patched model, card and report here")
     parser.add_argument("--report-dir", type=Path, default=None, help="where the report goes without --out")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out / --report-dir")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into an existing --out / --report-dir, replacing only the files this command writes",
+    )
     parser.add_argument("--data", nargs="+", default=None, help="text files or folders (default: bundled eval split)")
-    parser.add_argument("--documents", type=int, default=3, help="documents per length (default 3)")
-    parser.add_argument("--last-chunk", type=int, default=128, help="chunk size for last-chunk loss (0: skip)")
-    parser.add_argument("--passkey-depths", type=int, default=0, help="passkey depths per length (default 0: skip)")
+    parser.add_argument("--documents", type=positive_int, default=3, help="documents per length (default 3)")
+    parser.add_argument(
+        "--last-chunk", type=non_negative_int, default=128, help="chunk size for last-chunk loss (0: skip)"
+    )
+    parser.add_argument(
+        "--passkey-depths", type=non_negative_int, default=0, help="passkey depths per length (default 0: skip)"
+    )
     parser.add_argument("--generate", action="store_true", help="passkey by greedy generation too (slower)")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (also when stderr is no terminal)")
     return parser
 
 
 def factor_list(args) -> list[float]:
-    if args.factor is not None:
-        return [args.factor]
-    try:
-        return [float(x) for x in args.factors.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--factors {args.factors!r}: expected comma-separated numbers, e.g. 2,4,8") from None
+    return [args.factor] if args.factor is not None else list(args.factors)
 
 
 def run(args) -> int:
@@ -45,7 +54,8 @@ def run(args) -> int:
     if args.out is not None and args.rope_type in loading.NONE_TYPES:
         raise ValueError("--out saves a patched model: pass --rope-type (and --factor where the type takes one)")
     target = args.out or args.report_dir or Path("runs") / time.strftime("extend-%Y%m%d-%H%M%S")
-    extend.check_out_dir(target, args.overwrite)
+    flag = "--out" if args.out is not None else "--report-dir"
+    extend.check_out_dir(target, args.overwrite, flag, writes_card=args.out is not None)
     path = loading.check_model_path(args.model or bundled.default_model_path())
     extra = parse_rope_params(args.rope_param)
     if extra and args.rope_type is None:
@@ -59,7 +69,7 @@ def run(args) -> int:
         generate=args.generate,
     )
     records = extend.run_comparison(path, methods, factor_list(args), plan, args.data, not args.no_progress, extra)
-    out = extend.prepare_out_dir(target, args.overwrite)
+    out = extend.prepare_out_dir(target, args.overwrite, flag, writes_card=args.out is not None)
     text = tables(records, args)
     print(text)
     (out / "report.md").write_text(text, encoding="utf-8")

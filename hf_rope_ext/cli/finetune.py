@@ -6,83 +6,117 @@ Runs as a plain command on one device, or under ``accelerate launch --config_fil
 
 from __future__ import annotations
 
-import json
+import argparse
 from pathlib import Path
+
+from .args import (
+    add_rope_arguments,
+    comma_list,
+    length,
+    model_argument,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless there is none (None / off) or the help states it."""
+
+    def _get_help_string(self, action):
+        unset = action.default is None or action.default is False or action.default in ([], argparse.SUPPRESS)
+        if unset or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_parser(subparsers, name):
-    p = subparsers.add_parser(name, help="fine-tune a long-context LoRA adapter (peft + accelerate + datasets)")
-    p.add_argument("--model", help="base model folder or Hub id (default: the bundled tiny-llama-stdlib)")
-    p.add_argument("--out", required=True, help="new output folder (must not exist)")
-    p.add_argument("--rope-type", required=True, help="rope_type: see `hf-rope-ext list`")
-    p.add_argument("--length", type=int, required=True, help="target context length in tokens")
-    p.add_argument("--factor", type=float, help="scaling factor (default: length / the model's length)")
-    p.add_argument(
-        "--rope-param", action="append", default=[], metavar="KEY=VALUE", help="extra rope parameter (JSON value)"
+    p = subparsers.add_parser(
+        name,
+        help="fine-tune a long-context LoRA adapter (peft + accelerate + datasets)",
+        description="Fine-tune a LoRA adapter at a target length and rope type; writes adapter, extended config, "
+        "tokenizer, evaluation and card to --out (see docs/finetune.md).",
+        formatter_class=HelpFormatter,
     )
-    p.add_argument("--max-steps", type=int, help="optimizer steps (the sum of --stages steps when given)")
-    p.add_argument("--stages", help="progressive schedule 'length:steps,length:steps'")
-    p.add_argument("--data", nargs="+", help="text files/folders, or one Hub dataset name (default: bundled corpus)")
-    p.add_argument("--eval-data", nargs="+", help="held-out text for perplexity (default: bundled eval split)")
-    p.add_argument("--text-column", default="text")
-    p.add_argument("--packing", choices=("pack", "chunk"), default="pack")
-    p.add_argument("--position-schedule", choices=("contiguous", "pose", "random"), default="contiguous")
-    p.add_argument("--window", type=int, help="tokens per sequence for pose/random (default: the original length)")
-    p.add_argument("--pose-chunks", type=int, default=2)
-    p.add_argument("--rank", type=int, default=8)
-    p.add_argument("--alpha", type=float, default=16.0)
-    p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--target-modules", default="q_proj,k_proj,v_proj,o_proj", help="comma-separated linear layers")
-    p.add_argument("--train-embeddings", action="store_true", help="also train the input embeddings (LongLoRA)")
-    p.add_argument("--train-norms", action="store_true", help="also train every norm layer (LongLoRA)")
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--warmup-steps", type=int, default=0)
-    p.add_argument(
-        "--scheduler", default="cosine", help="transformers.get_scheduler name (linear, cosine, constant...)"
+    what = p.add_argument_group("what to train")
+    model_argument(what, hub=True)
+    what.add_argument("--out", required=True, help="new output folder (must not exist, unless resuming into it)")
+    add_rope_arguments(
+        what, factor_help="scaling factor s (>= 1; default: --length / the model's length)", rope_type_required=True
     )
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--batch-size", type=int, default=1, help="sequences per device per micro-batch")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument("--grad-checkpointing", action="store_true")
-    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto", help="auto: bf16 on GPU")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (always at the end)")
-    p.add_argument("--resume-from", help="a checkpoint folder OUT/checkpoints/step-NNNNNN")
-    p.add_argument("--merge", action="store_true", help="also write OUT/merged: the full model, rope parameters kept")
-    p.add_argument("--log-dir", help="CSV (and TensorBoard) logs (default OUT/logs)")
-    p.add_argument("--eval-lengths", help="comma-separated lengths for perplexity before and after")
-    p.add_argument("--eval-rows", type=int, default=4, help="documents per evaluation length")
-    p.add_argument("--passkey-depths", type=int, default=0, help="passkey needle depths per length (0: none)")
+    what.add_argument("--length", type=length, required=True, help="target context length in tokens")
+    what.add_argument("--max-steps", type=positive_int, help="optimizer steps (required unless --stages gives them)")
+    what.add_argument("--stages", help="progressive schedule 'length:steps,length:steps' (replaces --max-steps)")
+    data = p.add_argument_group("data")
+    data.add_argument("--data", nargs="+", help="text files/folders, or one Hub dataset name (default: bundled corpus)")
+    data.add_argument("--eval-data", nargs="+", help="held-out text for perplexity (default: bundled eval split)")
+    data.add_argument("--text-column", default="text", help="column of a Hub dataset that holds the text")
+    data.add_argument("--packing", choices=("pack", "chunk"), default="pack", help="pack: concatenate documents")
+    data.add_argument(
+        "--position-schedule",
+        choices=("contiguous", "pose", "random"),
+        default="contiguous",
+        help="position ids of a training sequence (pose/random: short windows whose positions span --length)",
+    )
+    data.add_argument(
+        "--window", type=positive_int, help="tokens per sequence for pose/random (default: the original length)"
+    )
+    data.add_argument("--pose-chunks", type=positive_int, default=2, help="chunks per PoSE window")
+    lora = p.add_argument_group("LoRA")
+    lora.add_argument("--rank", type=positive_int, default=8, help="LoRA rank r")
+    lora.add_argument("--alpha", type=positive_float, default=16.0, help="LoRA alpha (scale alpha / r)")
+    lora.add_argument("--dropout", type=probability, default=0.0, help="LoRA dropout")
+    lora.add_argument("--target-modules", default="q_proj,k_proj,v_proj,o_proj", help="comma-separated linear layers")
+    lora.add_argument("--train-embeddings", action="store_true", help="also train the input embeddings (LongLoRA)")
+    lora.add_argument("--train-norms", action="store_true", help="also train every norm layer (LongLoRA)")
+    opt = p.add_argument_group("optimization")
+    opt.add_argument("--lr", type=positive_float, default=2e-4, help="peak learning rate (AdamW)")
+    opt.add_argument("--warmup-steps", type=non_negative_int, default=0, help="linear warm-up steps")
+    opt.add_argument("--scheduler", default="cosine", help="transformers.get_scheduler name (linear, constant...)")
+    opt.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="AdamW weight decay")
+    opt.add_argument("--batch-size", type=positive_int, default=1, help="sequences per device per micro-batch")
+    opt.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
+    opt.add_argument("--grad-checkpointing", action="store_true", help="recompute activations (less memory)")
+    opt.add_argument(
+        "--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto", help="auto: bf16 on a GPU, else fp32"
+    )
+    opt.add_argument("--seed", type=non_negative_int, default=0, help="seed of data order, LoRA init and positions")
+    run = p.add_argument_group("checkpoints, outputs, evaluation")
+    run.add_argument(
+        "--save-every", type=non_negative_int, default=0, help="checkpoint every N steps, 0: only at the end"
+    )
+    run.add_argument("--resume-from", help="a checkpoint folder OUT/checkpoints/step-NNNNNN")
+    run.add_argument("--merge", action="store_true", help="also write OUT/merged: the full model, rope parameters kept")
+    run.add_argument("--log-dir", help="CSV (and TensorBoard) logs (default: OUT/logs)")
+    run.add_argument(
+        "--eval-lengths", type=comma_list(length), help="comma-separated lengths for perplexity before and after"
+    )
+    run.add_argument("--eval-rows", type=positive_int, default=4, help="documents per evaluation length")
+    run.add_argument("--passkey-depths", type=non_negative_int, default=0, help="passkey needle depths per length")
     return p
 
 
-def rope_extra(items: list[str]) -> dict:
-    """['beta_fast=16', 'truncate=false'] -> {'beta_fast': 16, 'truncate': False}."""
-    extra = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--rope-param {item!r}: expected KEY=VALUE")
-        try:
-            extra[key] = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"--rope-param {item!r}: the value is not JSON ({err.msg})") from None
-    return extra
-
-
 def config_of(args):
+    """The FinetuneConfig of the command line; a model folder is checked here (no Hub lookup for a path)."""
     from ..bundled import default_model_path
+    from ..eval import loading
     from ..train import FinetuneConfig, parse_stages
 
-    lengths = [int(x) for x in args.eval_lengths.split(",")] if args.eval_lengths else None
+    if args.max_steps is None and not args.stages:
+        raise ValueError("--max-steps is required (or --stages 'length:steps,...', which gives the steps)")
+    model = loading.resolve_model(args.model) if args.model else str(default_model_path())
+    # refuses a model without RoPE, naming its model_type; a Hub id is read now, so a missing one fails in one line
+    loading.load_config(model) if Path(model).is_dir() else loading.hub_config(model)
     return FinetuneConfig(
-        model=args.model or str(default_model_path()),
+        model=model,
         out=args.out,
         rope_type=args.rope_type,
         length=args.length,
         max_steps=args.max_steps,
         factor=args.factor,
-        rope_extra=rope_extra(args.rope_param),
+        rope_extra=loading.parse_rope_params(args.rope_param),
         data=args.data,
         eval_data=args.eval_data,
         text_column=args.text_column,
@@ -110,7 +144,7 @@ def config_of(args):
         resume_from=args.resume_from,
         merge=args.merge,
         log_dir=args.log_dir,
-        eval_lengths=lengths,
+        eval_lengths=args.eval_lengths,
         eval_rows=args.eval_rows,
         passkey_depths=args.passkey_depths,
     )

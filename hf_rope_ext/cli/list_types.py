@@ -11,58 +11,63 @@ def add_parser(subparsers, name):
     return parser
 
 
-def _format_default(value) -> str:
+def _parameter(default) -> dict:
+    """A parameter's default with its JSON type kept (number, boolean, null; a string only where transformers
+    derives it, e.g. "max_position_embeddings") and whether it must be given."""
     from ..registry import REQUIRED
 
-    if value is REQUIRED:
-        return "required"
-    return "-" if value is None else str(value)
-
-
-def _method_row(m) -> dict:
-    return {
-        "rope_type": m.name,
-        "source": "hf_rope_ext",
-        "level": m.kind + (", dynamic" if m.dynamic else ""),
-        "parameters": {k: _format_default(p.default) for k, p in m.params.items()},
-        "summary": m.summary,
-    }
-
-
-def _builtin_row(name: str) -> dict:
-    """transformers' own type; one this package has no notes on (a newer transformers) is listed all the same."""
-    from ..registry import BUILTIN_SUMMARIES, BUILTIN_TYPES
-
-    return {
-        "rope_type": name,
-        "source": "transformers",
-        "level": "frequency, dynamic" if name in ("dynamic", "longrope") else "frequency",
-        "parameters": {k: _format_default(v) for k, v in BUILTIN_TYPES.get(name, {}).items()},
-        "summary": BUILTIN_SUMMARIES.get(name, "transformers' own type (see its documentation)"),
-    }
+    return {"default": None if default is REQUIRED else default, "required": default is REQUIRED}
 
 
 def rows() -> list[dict]:
-    """One row per rope type transformers resolves (the package's first, sorted): name, source, level,
-    parameters with defaults, summary. Read from ``ROPE_INIT_FUNCTIONS`` itself, checked against the registry."""
-    from .._transformers import rope_types
+    """One row per rope type: name, source, level, dynamic, parameters (default, required), summary.
 
-    found = rope_types()
-    ours = sorted((m for _, m in found if m is not None), key=lambda m: m.name)
-    return [_method_row(m) for m in ours] + [_builtin_row(name) for name, m in found if m is None]
+    Read from the registry and the table of transformers' own types, without importing transformers (so ``list``
+    starts fast); tests check that it names exactly what ``ROPE_INIT_FUNCTIONS`` holds once the package is imported.
+    """
+    from ..registry import BUILTIN_SUMMARIES, BUILTIN_TYPES, methods
+
+    table = [
+        {
+            "rope_type": m.name,
+            "source": "hf_rope_ext",
+            "level": m.kind,
+            "dynamic": m.dynamic,
+            "parameters": {k: _parameter(p.default) for k, p in m.params.items()},
+            "summary": m.summary,
+        }
+        for m in methods()
+    ]
+    for name, params in BUILTIN_TYPES.items():
+        table.append(
+            {
+                "rope_type": name,
+                "source": "transformers",
+                "level": "frequency",
+                "dynamic": name in ("dynamic", "longrope"),
+                "parameters": {k: _parameter(v) for k, v in params.items()},
+                "summary": BUILTIN_SUMMARIES[name],
+            }
+        )
+    return table
+
+
+def _default_text(spec: dict) -> str:
+    if spec["required"]:
+        return "required"
+    return "-" if spec["default"] is None else str(spec["default"])
 
 
 def markdown(table: list[dict]) -> str:
     lines = ["| rope_type | from | level | parameters (default) | what it does |", "|---|---|---|---|---|"]
     for row in table:
-        params = ", ".join(f"`{k}` ({v})" for k, v in row["parameters"].items()) or "-"
-        lines.append(f"| `{row['rope_type']}` | {row['source']} | {row['level']} | {params} | {row['summary']} |")
+        params = ", ".join(f"`{k}` ({_default_text(v)})" for k, v in row["parameters"].items()) or "-"
+        level = row["level"] + (", dynamic" if row["dynamic"] else "")
+        lines.append(f"| `{row['rope_type']}` | {row['source']} | {level} | {params} | {row['summary']} |")
     return "\n".join(lines)
 
 
 def run(args) -> int:
-    import hf_rope_ext  # noqa: F401  (registers the types)
-
     table = rows()
     print(json.dumps(table, indent=2) if args.json else markdown(table))
     return 0

@@ -6,9 +6,23 @@ import sys
 
 
 def add_parser(subparsers, name):
-    parser = subparsers.add_parser(name, help="upload a model or adapter directory to the Hugging Face Hub")
+    parser = subparsers.add_parser(
+        name,
+        help="upload a model or adapter directory to the Hugging Face Hub",
+        description=(
+            "Upload what a reader needs from SRC: its top-level files (weights or adapter, config, tokenizer, card, "
+            "evaluation, plots), never subfolders (a run's checkpoints/, logs/, merged/: push RUN/merged on its "
+            "own) nor training state. The file list is printed first."
+        ),
+    )
     parser.add_argument("src", help="saved model or peft adapter directory (only read)")
     parser.add_argument("--repo-id", required=True, help="'name' or 'owner/name' on the Hub")
+    parser.add_argument(
+        "--base-model-id",
+        metavar="OWNER/NAME",
+        help="Hub id of the base model, required when SRC names it by a local path; written into the uploaded "
+        "adapter_config.json and card",
+    )
     parser.add_argument("--private", action="store_true", help="create the repo private")
     parser.add_argument("--dry-run", metavar="DIR", help="write exactly what would be uploaded to DIR; upload nothing")
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
@@ -19,7 +33,15 @@ def run(args) -> int:
     from ..hub import HubError, push
 
     try:
-        where = push(args.src, args.repo_id, private=args.private, dry_run=args.dry_run, token=args.token)
+        where = push(
+            args.src,
+            args.repo_id,
+            private=args.private,
+            dry_run=args.dry_run,
+            token=args.token,
+            base_model_id=args.base_model_id,
+            report=lambda line: print(line, flush=True),
+        )
     except HubError as err:
         print(f"hf-rope-ext push: error: {err}", file=sys.stderr)
         return 1

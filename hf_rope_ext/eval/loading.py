@@ -66,10 +66,64 @@ def _parse_value(text: str):
 
 
 def check_model_path(path) -> Path:
+    """A local model folder (with config.json); FileNotFoundError naming what is missing."""
     path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"model {str(path)!r} is not a model directory (no such folder)")
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model: {str(path)!r} is not a model directory (no config.json there)")
+        raise FileNotFoundError(f"model {str(path)!r} is not a model directory (no config.json there)")
     return path
+
+
+def resolve_model(name: str) -> str:
+    """A local model folder, or a Hub repo id: checked like :func:`check_model_path` when it exists here or looks
+    like a path, so that a mistyped folder is never looked up on the Hub."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if Path(name).exists() or name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:
+        return str(check_model_path(Path(name).expanduser()))
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise FileNotFoundError(
+            f"model {name!r} is not a model directory (no such folder) nor a Hub repo id ('name' or 'owner/name')"
+        ) from None
+    return name
+
+
+def check_rope_config(config, name) -> None:
+    """The model must have a rotary position embedding this package drives: ``rope_parameters`` in its config."""
+    if not hasattr(config, "rope_parameters"):
+        raise ValueError(
+            f"model {str(name)!r} is a {config.model_type!r} model, which has no rotary position embedding "
+            "(rope_parameters) that hf-rope-ext can extend; use a RoPE model (llama, mistral, qwen2, qwen3, phi3, "
+            "stablelm, roformer, ...)"
+        )
+
+
+def hub_config(name: str):
+    """The config of Hub repo ``name`` (HF_HUB_OFFLINE: from the cache only); one line naming it when there is none."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except OSError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FileNotFoundError(
+            f"model {name!r} is not a model directory (no such folder) nor a model on the Hub "
+            f"that could be read: {first}"
+        ) from None
+    check_rope_config(config, name)
+    return config
+
+
+def load_config(path):
+    """The saved config of a RoPE model folder (see :func:`check_rope_config`)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(check_model_path(path))
+    check_rope_config(config, path)
+    return config
 
 
 def load_model(path, rope_parameters: dict | None = None, dtype=torch.float32, device: str = "cpu"):

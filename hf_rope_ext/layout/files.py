@@ -1,7 +1,10 @@
 """Converting a saved model directory (sharded safetensors included) or a peft adapter directory.
 
-The source directory is only read. The result is written to a temporary directory beside ``dst`` and moved
-into place at the end, so a failure leaves no half-written ``dst``.
+The source directory is only read. Its top-level files are converted (``*.safetensors``) or copied (config,
+tokenizer, card...); its subfolders are left out and named in the summary: a fine-tuning run's ``checkpoints/``
+hold optimizer state in the old layout, and ``merged/`` is a model of its own (convert it with a second call).
+The result is staged beside ``dst`` and moved into place at the end (:class:`hf_rope_ext.outputs.Staged`), so a
+failure leaves ``dst`` as it was, and ``overwrite`` replaces only the files written here.
 """
 
 from __future__ import annotations
@@ -9,15 +12,16 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..models import family_of
+from ..outputs import Staged
 from .state_dict import check_direction, convert_tensors
 
 ADAPTER_CONFIG = "adapter_config.json"
+CARD = "README.md"
 METADATA_KEY = "rope_layout"  # recorded in an adapter's safetensors metadata (adapter configs are peft's)
 
 
@@ -27,20 +31,29 @@ class Conversion:
     source: str
     to: str
     files: dict[str, list[str]] = field(default_factory=dict)  # file name -> permuted keys
+    left_out: list[str] = field(default_factory=list)  # subfolders of src not written to dst
+    output_notes: list[str] = field(default_factory=list)  # files of dst kept or removed (hf_rope_ext.outputs)
 
     def summary(self) -> list[str]:
-        """What was permuted, keys with layer numbers folded to ``*`` and counted over all files."""
+        """What was permuted, keys with layer numbers folded to ``*`` and counted over all files; what was left out."""
         keys = [key for moved in self.files.values() for key in moved]
         touched = sum(bool(moved) for moved in self.files.values())
         folded = Counter(re.sub(r"\.\d+\.", ".*.", key) for key in keys)
         head = f"permuted {len(keys)} tensors in {touched} of {len(self.files)} files:"
-        return [head] + [f"  {key}  x{count}" for key, count in sorted(folded.items())]
+        lines = [head] + [f"  {key}  x{count}" for key, count in sorted(folded.items())]
+        if self.left_out:
+            folders = ", ".join(f"{name}/" for name in self.left_out)
+            lines.append(
+                f"left out, not converted: {folders} (only top-level files are converted; a merged/ model converts "
+                "on its own: convert-layout SRC/merged DST2 --to ...; checkpoints/ cannot be resumed in another layout)"
+            )
+        return lines + self.output_notes
 
 
 def convert_directory(src, dst, to: str, overwrite: bool = False, config_dir=None) -> Conversion:
     """Write ``src`` converted to ``to`` into ``dst``; ``config_dir`` gives an adapter's base model config."""
     src, dst = Path(src).resolve(), Path(dst).resolve()
-    _check_paths(src, dst, overwrite)
+    _check_paths(src, dst)
     is_adapter = (src / ADAPTER_CONFIG).is_file()
     config = _base_config(src, config_dir) if is_adapter else _load_config(src)
     family = family_of(getattr(config, "model_type", None))
@@ -49,29 +62,43 @@ def convert_directory(src, dst, to: str, overwrite: bool = False, config_dir=Non
         raise FileNotFoundError(f"{src} holds no *.safetensors files; only safetensors checkpoints are converted")
     source = _adapter_layout(weights[0], family, config) if is_adapter else family.checkpoint_layout(config)
     check_direction(source, to, f"{src}")
-    result = Conversion("adapter" if is_adapter else "model", source, to)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    try:
-        shutil.copytree(src, tmp, dirs_exist_ok=True, ignore=_top_level(src, {w.name for w in weights}))
+    stage = Staged(dst, overwrite, "DST", writes_card=(src / CARD).is_file())
+    result = Conversion("adapter" if is_adapter else "model", source, to, left_out=_subfolders(src))
+    with stage as tmp:
+        _copy_top_level(src, tmp, skip={w.name for w in weights})
         for path in _progress(weights):
             result.files[path.name] = _convert_file(path, tmp / path.name, family, config, source, to, is_adapter)
         if not is_adapter:
             _write_layout(src / "config.json", tmp / "config.json", to)
-        _replace(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _relabel_card(tmp / CARD, to)
+    result.output_notes = stage.summary()
     return result
 
 
-def _check_paths(src: Path, dst: Path, overwrite: bool) -> None:
+def _check_paths(src: Path, dst: Path) -> None:
     if not src.is_dir():
-        raise (NotADirectoryError if src.exists() else FileNotFoundError)(f"SRC={src} is not a directory")
+        raise (NotADirectoryError if src.exists() else FileNotFoundError)(f"SRC {str(src)!r} is not a directory")
     if dst == src or src in dst.parents or dst in src.parents:
-        raise ValueError(f"DST={dst} overlaps SRC={src}; the source is never written: choose a separate directory")
-    if dst.exists() and not overwrite:
-        raise FileExistsError(f"DST={dst} exists; pass --overwrite (overwrite=True) to replace it")
-    dst.parent.mkdir(parents=True, exist_ok=True)
+        raise ValueError(f"DST {dst} overlaps SRC {src}; the source is never written: choose a separate directory")
+
+
+def _subfolders(src: Path) -> list[str]:
+    return sorted(p.name for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _copy_top_level(src: Path, dst: Path, skip: set[str]) -> None:
+    """Every visible top-level file of ``src`` but ``skip`` (the weights, converted instead)."""
+    for path in sorted(src.iterdir()):
+        if path.is_file() and not path.name.startswith(".") and path.name not in skip:
+            shutil.copy2(path, dst / path.name)
+
+
+def _relabel_card(card: Path, to: str) -> None:
+    """A card hf-rope-ext wrote states the layout: state the new one (a user's card is copied unchanged)."""
+    from ..cards import relabel_layout
+
+    if card.is_file():
+        card.write_text(relabel_layout(card.read_text(encoding="utf-8"), to), encoding="utf-8")
 
 
 def _load_config(directory: Path):
@@ -128,20 +155,8 @@ def _write_layout(config_in: Path, config_out: Path, to: str) -> None:
     config_out.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def _top_level(src: Path, names: set[str]):
-    def ignore(directory, entries):
-        return [e for e in entries if Path(directory).resolve() == src and e in names]
-
-    return ignore
-
-
-def _replace(tmp: Path, dst: Path) -> None:
-    if dst.exists():
-        shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
-    tmp.rename(dst)
-
-
 def _progress(items):
     from tqdm.auto import tqdm
 
-    return tqdm(items, desc="convert-layout", unit="file", disable=len(items) < 2)
+    disable = True if len(items) < 2 else None  # None: a bar on a terminal only
+    return tqdm(items, desc="convert-layout", unit="file", disable=disable)

@@ -137,8 +137,8 @@ class Job:
 
 LOAD_NOTE = (
     "The adapter folder holds the extended `config.json`. Load it with `hf_rope_ext.train.load_adapter(path)`, or "
-    "`AutoPeftModelForCausalLM.from_pretrained(path, config=AutoConfig.from_pretrained(path))` after "
-    "`import hf_rope_ext`, so that the base model is built with the rope parameters it was fine-tuned with."
+    "as the usage snippet below does (the base model built with `config=AutoConfig.from_pretrained(path)`, then "
+    "`PeftModelForCausalLM.from_pretrained`), so that the base model has the rope parameters it was fine-tuned with."
 )
 
 

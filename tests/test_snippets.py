@@ -1,0 +1,176 @@
+"""Every Python snippet of README.md, docs/*.md and the model card templates runs, as a reader would run it.
+
+Each snippet runs in a process of its own (``snippet_runner.py`` forks one per snippet from a parent that has
+imported torch and transformers but not hf_rope_ext), in a fresh folder holding tiny local models under the
+placeholder paths the docs use (``path/to/llama``, ``path/to/roformer``, ``runs/x``...). Training sizes are scaled
+down (``max_steps=N`` -> 1, ``length=N`` -> 1024) so that a fine-tuning snippet takes seconds. A block whose fence
+reads ```` ```python no-run ```` is not run: kept for snippets that need the Hub or are long measurement scripts
+whose command and figures the doc gives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import conftest
+import pytest
+import torch
+
+import hf_rope_ext
+from hf_rope_ext.bundled import default_model_path
+from hf_rope_ext.cards import write_model_card
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.S | re.M)
+SCALE_DOWN = [(re.compile(r"\bmax_steps=\d+"), "max_steps=1"), (re.compile(r"\blength=\d+"), "length=1024")]
+NTK = {"rope_type": "ntk", "factor": 4.0, "rope_theta": 10000.0}
+CARDS = ["extended", "adapter (extended config beside it)", "adapter (rope_parameters)", "export"]
+
+
+def doc_snippets() -> dict[str, tuple[str, str]]:
+    """'README.md:91' -> (fence info, code) for every ```python block of the docs."""
+    found = {}
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for match in FENCE.finditer(text):
+            line = text[: match.start()].count("\n") + 1
+            found[f"{path.relative_to(ROOT)}:{line}"] = (match.group(1).strip(), match.group(2))
+    return found
+
+
+SNIPPETS = doc_snippets()
+RUN = sorted(name for name, (info, _) in SNIPPETS.items() if "no-run" not in info.split())
+
+
+def tiny_llama(folder: Path, rope_parameters=None) -> None:
+    """A one-layer Llama with the bundled tokenizer (vocabulary 384, L0 512), saved with that tokenizer."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = conftest.tiny_config("llama", rope_parameters, **{**conftest.SMALL, "vocab_size": 384})
+    config.max_position_embeddings = 512
+    LlamaForCausalLM(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(folder)
+
+
+def tiny_roformer(folder: Path) -> None:
+    from transformers import RoFormerConfig, RoFormerForMaskedLM
+
+    torch.manual_seed(0)
+    config = RoFormerConfig(
+        vocab_size=384, hidden_size=32, embedding_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=512,
+    )  # fmt: skip
+    RoFormerForMaskedLM(config).save_pretrained(folder)
+
+
+def adapter(folder: Path, base: Path, with_config: bool) -> None:
+    """A LoRA adapter on ``base`` with ntk rope parameters; with the extended config.json beside it, as finetune."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, rope_parameters=NTK)
+    lora = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    lora.save_pretrained(folder)
+    (folder / "README.md").unlink()  # peft's placeholder card
+    if with_config:
+        model.config.save_pretrained(folder)
+
+
+def build_models(root: Path) -> None:
+    """The placeholder paths of the docs, as tiny local models under ``root``."""
+    tiny_llama(root / "path/to/llama")
+    for name in ("model", "base", "meta-order-weights"):
+        shutil.copytree(root / "path/to/llama", root / "path/to" / name)
+    shutil.copytree(root / "path/to/llama", root / "path/to/interleaved")
+    config = json.loads((root / "path/to/interleaved/config.json").read_text())
+    (root / "path/to/interleaved/config.json").write_text(json.dumps({**config, "rope_layout": "interleaved"}))
+    tiny_roformer(root / "path/to/roformer")
+    (root / "my_texts").mkdir()
+    for module in (json, re, shutil):  # a few thousand tokens of text to fine-tune on
+        (root / "my_texts" / f"{module.__name__}.txt").write_text(Path(module.__file__).read_text())
+    tiny_llama(root / "out/llama-ntk4", NTK)
+    (root / "out/llama-ntk4/ppl.png").write_bytes(b"\x89PNG\r\n\x1a\n")  # a file inside the folder for `plot=`
+    adapter(root / "runs/x", root / "path/to/base", with_config=True)
+    config = json.loads((root / "runs/x/adapter_config.json").read_text())  # the base, relative to the snippet's cwd
+    (root / "runs/x/adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "path/to/base"}))
+
+
+def card_snippets(root: Path) -> dict[str, str]:
+    """The usage snippet of a card rendered from each template in model_cards/."""
+    folders = {"extended": root / "out/llama-ntk4"}
+    folders["adapter (extended config beside it)"] = root / "runs/x"
+    adapter(root / "runs/bare", root / "path/to/base", with_config=False)
+    folders["adapter (rope_parameters)"] = root / "runs/bare"
+    hf_rope_ext.export(root / "out/llama-ntk4", root / "out/portable")
+    folders["export"] = root / "out/portable"
+    kinds = {"extended": "extended", "export": "export"}
+    found = {}
+    for name, folder in folders.items():
+        if name != "export":
+            write_model_card(folder, kind=kinds.get(name, "adapter"), base_model=str(root / "path/to/base"))
+        (code,) = re.findall(r"```python\n(.*?)```", (folder / "README.md").read_text(), flags=re.S)
+        found[name] = code
+    return found
+
+
+def prepare(code: str) -> str:
+    for pattern, small in SCALE_DOWN:
+        code = pattern.sub(small, code)
+    return code
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Run every snippet once; name -> (exit status, log text)."""
+    tmp = tmp_path_factory.mktemp("snippets")
+    template = tmp / "template"
+    build_models(template)
+    codes = {name: SNIPPETS[name][1] for name in RUN}
+    codes |= {f"model_cards: {name}": code for name, code in card_snippets(template).items()}
+    jobs = []
+    for i, (name, code) in enumerate(codes.items()):
+        cwd = tmp / f"run{i}"
+        shutil.copytree(template, cwd, symlinks=True, ignore=_runs_made_by(code))
+        jobs.append({"name": name, "code": prepare(code), "cwd": str(cwd), "log": str(tmp / f"run{i}.log")})
+    (tmp / "jobs.json").write_text(json.dumps(jobs))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    runner = [sys.executable, str(Path(__file__).with_name("snippet_runner.py")), "jobs.json", "results.json"]
+    subprocess.run(runner, cwd=tmp, env=env, check=True, timeout=900)
+    status = json.loads((tmp / "results.json").read_text())
+    return {job["name"]: (status[job["name"]][0], Path(job["log"]).read_text()) for job in jobs}
+
+
+def _runs_made_by(code: str):
+    """A snippet that fine-tunes into runs/ makes that folder itself: do not provide it."""
+    makes = "finetune(" in code
+
+    def ignore(directory, entries):
+        return ["runs"] if makes and Path(directory).name.startswith("template") else []
+
+    return ignore
+
+
+@pytest.mark.parametrize("name", RUN)
+def test_doc_snippet_runs(results, name):
+    status, log = results[name]
+    assert status == 0, f"{name} failed (exit {status}):\n{log[-4000:]}"
+
+
+@pytest.mark.parametrize("name", CARDS)
+def test_card_snippet_runs(results, name):
+    status, log = results[f"model_cards: {name}"]
+    assert status == 0, f"{name} card snippet failed (exit {status}):\n{log[-4000:]}"
+
+
+def test_every_template_and_doc_block_is_covered():
+    templates = {p.stem for p in (ROOT / "model_cards").glob("*.md")}
+    assert templates == {name.split(" ")[0] for name in CARDS}
+    assert len(RUN) >= 8 and all("no-run" in SNIPPETS[n][0] for n in set(SNIPPETS) - set(RUN))
