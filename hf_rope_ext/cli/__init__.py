@@ -41,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a command handles it (while the libraries load): no traceback
+        print("hf-rope-ext: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
         args = build_parser().parse_args(argv)
     except SystemExit as stop:  # --help (0), or a usage error argparse has printed with the usage (2)
         return stop.code if isinstance(stop.code, int) else int(stop.code is not None)

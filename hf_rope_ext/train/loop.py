@@ -325,7 +325,8 @@ def train(
     accelerator.register_save_state_pre_hook(keep_trainable_only)
     loaders = stage_loaders(accelerator, datasets, settings)
     step = load_checkpoint(accelerator, resume_from, plan) if resume_from else 0
-    bar = tqdm(total=total, initial=step, desc="fine-tuning", disable=not accelerator.is_local_main_process)
+    quiet = {} if accelerator.is_local_main_process else {"disable": True}  # else TQDM_DISABLE (--no-progress) rules
+    bar = tqdm(total=total, initial=step, desc="fine-tuning", **quiet)
     log = CsvLog(log_dir, accelerator.is_main_process, step)
     run = Run(
         accelerator=accelerator,
