@@ -301,7 +301,8 @@ def test_dynamic_yarn_same_output_whatever_came_before(family):
     """L0 = 16: a 10-token input, a 56-token one (factor 3.5), the 10-token input again, with and without a cache;
     inside L0 it equals the unscaled model, and the rotary module's attention factor is 1."""
     implementation = "eager" if family in EAGER_ONLY else "sdpa"
-    dyn = build(family, {"rope_type": "dynamic_yarn"}, implementation, max_position_embeddings=16)
+    dyn_params = {"rope_type": "dynamic_yarn", "original_max_position_embeddings": 16}
+    dyn = build(family, dyn_params, implementation, max_position_embeddings=16)
     plain = build(family, None, implementation, max_position_embeddings=16)
     short, long = IDS[:, :10], torch.randint(3, 97, (2, 56), generator=torch.Generator().manual_seed(3))
     kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
@@ -327,7 +328,7 @@ def test_dynamic_yarn_on_roformer_same_output_whatever_came_before():
         max_position_embeddings=16,
         is_decoder=True,
         initializer_range=0.2,
-        rope_parameters={"rope_type": "dynamic_yarn"},
+        rope_parameters={"rope_type": "dynamic_yarn", "original_max_position_embeddings": 16},
     )
     torch.manual_seed(0)
     model = RoFormerForCausalLM(config).eval()
@@ -375,7 +376,10 @@ def test_softcap_with_sdpa_is_refused_naming_family_and_what_to_do():
         )
 
 
-@pytest.mark.parametrize("rope", [{"rope_type": "rerope", "window": 5}, {"rope_type": "dynamic_yarn"}])
+@pytest.mark.parametrize(
+    "rope",
+    [{"rope_type": "rerope", "window": 5}, {"rope_type": "dynamic_yarn", "original_max_position_embeddings": 64}],
+)
 def test_unsupported_family_is_refused_with_the_reason(rope):
     """Cohere rotates interleaved pairs in its attention module: neither type can be served there."""
     with pytest.raises((ValueError, StrictDataclassError)) as excinfo:

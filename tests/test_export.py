@@ -243,6 +243,8 @@ def test_cli(tmp_path, capsys):
     assert "lowered: rope_type ntk_by_parts -> yarn" in capsys.readouterr().out
     assert ModelCard.load(tmp_path / "out" / "README.md").data.license == "mit"
     assert AutoConfig.from_pretrained(tmp_path / "out").rope_parameters["rope_type"] == "yarn"
-    dynamic = save_patched(tmp_path / "dynamic", "llama", {"rope_type": "dynamic_yarn"})
+    dynamic = save_patched(
+        tmp_path / "dynamic", "llama", {"rope_type": "dynamic_yarn", "original_max_position_embeddings": 64}
+    )
     assert main(["export", str(dynamic), str(tmp_path / "dynamic-out")]) == 2
     assert "no stock transformers type is equivalent" in capsys.readouterr().err

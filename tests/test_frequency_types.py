@@ -111,7 +111,7 @@ def test_part_ntk_bands_are_linear_ntk_and_unscaled():
 
 
 def test_dynamic_yarn_is_default_up_to_l0_and_yarn_beyond():
-    config = tiny_config(rope_parameters={"rope_type": "dynamic_yarn"})
+    config = tiny_config(rope_parameters={"rope_type": "dynamic_yarn", "original_max_position_embeddings": 64})
     compute = registry.get_method("dynamic_yarn").frequencies
     for seq_len in (None, 1, 32, 64):
         inv, att = compute(config, seq_len=seq_len)

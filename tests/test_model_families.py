@@ -70,7 +70,9 @@ def test_legacy_rope_scaling_spelling_gives_the_same_frequencies(method):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])  # both rotated in the attention function
 def test_dynamic_yarn_model_equals_unscaled_inside_l0_and_yarn_beyond(family):
-    dyn = tiny_model(family, {"rope_type": "dynamic_yarn"}, max_position_embeddings=16)
+    dyn = tiny_model(
+        family, {"rope_type": "dynamic_yarn", "original_max_position_embeddings": 16}, max_position_embeddings=16
+    )
     plain = tiny_model(family, None, max_position_embeddings=16)
     torch.testing.assert_close(logits(dyn, length=16), logits(plain, length=16), rtol=1e-5, atol=1e-5)
     yarn_params = {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 16}
@@ -80,7 +82,9 @@ def test_dynamic_yarn_model_equals_unscaled_inside_l0_and_yarn_beyond(family):
 
 def test_dynamic_yarn_returns_to_unscaled_after_a_long_input():
     """transformers' dynamic updater restores inv_freq but not the attention factor; the attention path has no state."""
-    dyn = tiny_model("llama", {"rope_type": "dynamic_yarn"}, max_position_embeddings=16)
+    dyn = tiny_model(
+        "llama", {"rope_type": "dynamic_yarn", "original_max_position_embeddings": 16}, max_position_embeddings=16
+    )
     plain = tiny_model("llama", None, max_position_embeddings=16)
     logits(dyn, length=48)
     torch.testing.assert_close(logits(dyn, length=12), logits(plain, length=12), rtol=1e-5, atol=1e-5)
@@ -89,7 +93,12 @@ def test_dynamic_yarn_returns_to_unscaled_after_a_long_input():
 def test_dynamic_yarn_cache_rerotates_keys_with_the_frequencies_in_force():
     """One layer: K/V come from embeddings only, so each cached decoding step equals recomputing its whole prefix,
     whose factor is the prefix length / L0, even though the cache holds keys from steps with smaller factors."""
-    model = tiny_model("llama", {"rope_type": "dynamic_yarn"}, max_position_embeddings=8, num_hidden_layers=1)
+    model = tiny_model(
+        "llama",
+        {"rope_type": "dynamic_yarn", "original_max_position_embeddings": 8},
+        max_position_embeddings=8,
+        num_hidden_layers=1,
+    )
     prompt = torch.randint(3, 97, (1, 6))
     with torch.no_grad():
         cached = model.generate(

@@ -7,10 +7,16 @@ calls this function again with the current length whenever the sequence grows pa
 import math
 
 from ..attention.params import DYNAMIC_FAMILIES, check_dynamic_family
-from ..registry import Param, RopeMethod, register
+from ..registry import REQUIRED, Param, RopeMethod, register
 from .common import as_float, rope_setup
 from .ntk_by_parts import by_parts_inv_freq, check_betas
-from .params import BETA_FAST, BETA_SLOW, ORIGINAL_MAX, TRUNCATE
+from .params import BETA_FAST, BETA_SLOW, TRUNCATE
+
+# Required, as transformers requires it of llama3 and longrope: L0 is what the factor divides by, and a default
+# taken from max_position_embeddings would silently follow a config whose max_position_embeddings was raised.
+ORIGINAL_MAX_REQUIRED = Param(
+    default=REQUIRED, kind="int", minimum=1, help="L0, the pretraining length: the factor is max(1, seq_len / L0)"
+)
 
 
 def yarn_attention_factor(factor: float) -> float:
@@ -53,7 +59,7 @@ METHOD = register(
         kind="frequency",
         frequencies=compute_dynamic_yarn,
         params={
-            "original_max_position_embeddings": ORIGINAL_MAX,
+            "original_max_position_embeddings": ORIGINAL_MAX_REQUIRED,
             "beta_fast": BETA_FAST,
             "beta_slow": BETA_SLOW,
             "truncate": TRUNCATE,
@@ -65,5 +71,6 @@ METHOD = register(
         dynamic=True,
         check=check_dynamic_yarn,
         families=DYNAMIC_FAMILIES,
+        example={"original_max_position_embeddings": 64},  # the tiny test models' pretraining length
     )
 )
