@@ -1,0 +1,70 @@
+"""Per-layer memory of rotated keys (and values) for decoding, so a new token does not re-rotate the whole cache.
+
+The KV cache holds unrotated keys; the fast path needs them rotated (the far band of leaky ReRoPE and
+Self-Extend, every key for xPos and RoPER). Rotating 16k keys with float64 angles takes about 4x one decode
+step's attention, so calls that extend a cache (more keys than queries, no autograd) keep, per attention module
+and purpose, the rotated rows and what they were computed from. The next call reuses a prefix of them only when
+it provably holds the same thing: the same rotation tag (frequencies, parameters, reference), the same key
+positions, and the same unrotated keys, either the very tensor seen before, not written since (its version
+counter), or a tensor equal to it element by element on that prefix (transformers' DynamicCache makes a new
+tensor by concatenation at every step, so this comparison runs and costs one read of the cached keys). Anything
+else (another prompt, beam reordering, a cropped cache refilled, a static cache written in place) recomputes.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Entry:
+    tag: tuple
+    source: torch.Tensor  # [B, Hkv, n, d] the unrotated tensor the rows were computed from
+    version: int  # source._version when stored
+    positions: torch.Tensor  # [B, n] int64
+    rotated: torch.Tensor  # [B, Hkv, n, d]
+
+
+_MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {purpose: Entry}
+
+
+def reusable_rows(entry: Entry | None, tag: tuple, source: torch.Tensor, positions: torch.Tensor, limit: int) -> int:
+    """How many leading rows (at most ``limit``) of ``entry`` hold exactly what rotating ``source`` would give."""
+    if entry is None or entry.tag != tag or limit <= 0:
+        return 0
+    n = min(limit, entry.rotated.shape[2])
+    if entry.source.shape[:2] != source.shape[:2] or entry.source.dtype != source.dtype:
+        return 0
+    if not torch.equal(entry.positions[:, :n], positions[:, :n]):
+        return 0
+    if entry.source is source and source._version == entry.version:
+        return n
+    return n if torch.equal(entry.source[:, :, :n], source[:, :, :n]) else 0
+
+
+def rotated(
+    module, purpose: str, tag: tuple, source: torch.Tensor, positions: torch.Tensor, old_rows: int, rotate: Callable
+) -> torch.Tensor:
+    """``rotate(source, positions)`` [B, Hkv, kv, d], reusing the rows of the module's last call where valid.
+
+    ``old_rows``: rows of ``source`` that were already in the cache before this call (kv - q_len); only those can
+    be reused, and the result is remembered only for calls that extend a cache (old_rows > 0).
+    """
+    if old_rows <= 0:
+        return rotate(source, positions)
+    memory = _MEMORY.setdefault(module, {})
+    entry = memory.get(purpose)
+    n = reusable_rows(entry, tag, source, positions, old_rows)
+    fresh = rotate(source[:, :, n:], positions[:, n:])
+    out = fresh if n == 0 else torch.cat((entry.rotated[:, :, :n], fresh), dim=2)
+    memory[purpose] = Entry(tag, source, source._version, positions, out)
+    return out
+
+
+def forget(module) -> None:
+    """Drop what ``module`` remembers (frees the rotated copies)."""
+    _MEMORY.pop(module, None)
