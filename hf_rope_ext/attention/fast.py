@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from . import rotated_cache
 from .kernel import additive
-from .lse import attention_lse, causal_lse, merge
+from .lse import attention_lse, causal_lse, merge, needs_grad
 from .positions import chunk_mask
 from .rotation import rotate
 from .scoring import Call, Scorer
@@ -58,22 +58,43 @@ def window_mask(p0: int, rows: int, lo: int, hi: int, window: int, dtype, device
     return torch.zeros((), dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
 
 
-def near_regular(call: Call, window: int, scale: float):
-    """(out, lse) of the window band for every query, regular positions, no mask."""
+class Rows:
+    """The result [B, H, q, dv] assembled from row blocks. Without autograd the blocks are written into one
+    buffer laid out [B, q, H, dv], so the caller's ``transpose(1, 2).contiguous()`` copies nothing; with it
+    they are concatenated (autograd cannot see through writes into a buffer)."""
+
+    def __init__(self, call: Call, grad: bool):
+        b, h, q_len, _ = call.query.shape
+        shape, self.pieces = (b, q_len, h, call.value.shape[-1]), []
+        self.buffer = None if grad else call.query.new_empty(shape).transpose(1, 2)
+
+    def put(self, rows: slice, x: torch.Tensor) -> None:
+        """Rows must come in order, each block once (or, for the buffer, overwrite earlier rows in place)."""
+        if self.buffer is not None:
+            self.buffer[:, :, rows] = x
+        else:
+            self.pieces.append(x)
+
+    def result(self) -> torch.Tensor:
+        return self.buffer if self.buffer is not None else torch.cat(self.pieces, dim=2)
+
+
+def near_regular(call: Call, window: int, scale: float, grad: bool):
+    """(out [B, H, q, dv], lse [B, H, q]) of the window band for every query, regular positions, no mask."""
     q_len, kv = call.query.shape[2], call.key.shape[2]
     offset, reach = kv - q_len, max(0, kv - q_len - window + 1)  # keys before ``reach`` are out of every band
     keys = rotate(call.key[:, :, reach:], call.k_pos[:, reach:], call.inv_freq)
-    outs, lses, step = [], [], near_block(window)
+    out, lses, step = Rows(call, grad), [], near_block(window)
     for i0 in range(0, q_len, step):
         i1 = min(i0 + step, q_len)
         p0 = offset + i0
         lo, hi = max(0, p0 - window + 1), offset + i1
         q = rotate(call.query[:, :, i0:i1], call.q_pos[:, i0:i1], call.inv_freq)
         mask = window_mask(p0, i1 - i0, lo, hi, window, q.dtype, q.device)
-        out, lse = attention_lse(q, keys[:, :, lo - reach : hi - reach], call.value[:, :, lo:hi], mask, False, scale)
-        outs.append(out)
+        block, lse = attention_lse(q, keys[:, :, lo - reach : hi - reach], call.value[:, :, lo:hi], mask, False, scale)
+        out.put(slice(i0, i1), block)
         lses.append(lse)
-    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+    return out.result(), torch.cat(lses, dim=2)
 
 
 def far_keys(scorer, module, call: Call, old_rows: int) -> torch.Tensor:
@@ -92,8 +113,8 @@ def two_band_regular(scorer, module, call: Call, scale: float) -> torch.Tensor:
     """Near band and shifted-causal far band, merged row by row; [B, H, q, dv]."""
     window = int(call.params["window"])
     q_len, kv = call.query.shape[2], call.key.shape[2]
-    offset = kv - q_len
-    near_out, near_lse = near_regular(call, window, scale)
+    offset, grad = kv - q_len, needs_grad(call.query, call.key, call.value)
+    near_out, near_lse = near_regular(call, window, scale, grad)
     first_far = max(0, window - offset)  # rows with a far key: offset + row >= window
     if first_far >= q_len:
         return near_out
@@ -102,8 +123,12 @@ def two_band_regular(scorer, module, call: Call, scale: float) -> torch.Tensor:
         i1 = min(i0 + FAR_BLOCK, q_len)
         q = rotate(call.query[:, :, i0:i1], scorer.far_query(call.q_pos[:, i0:i1], call.params), call.inv_freq)
         far = causal_lse(q, keys, call.value, offset + i0 - window, scale)
-        pieces.append(merge((near_out[:, :, i0:i1], near_lse[:, :, i0:i1]), far)[0])
-    return torch.cat(pieces, dim=2)
+        merged = merge((near_out[:, :, i0:i1], near_lse[:, :, i0:i1]), far)[0]
+        if grad:
+            pieces.append(merged)
+        else:
+            near_out[:, :, i0:i1] = merged  # the buffer of ``Rows``: merged in place
+    return torch.cat(pieces, dim=2) if grad else near_out
 
 
 def block_rows(call: Call, budget: int) -> list[slice]:
@@ -158,20 +183,28 @@ def combine(a, b, q):
 def single_band(scorer: Scorer, module, call: Call, mask, causal: bool, scale: float):
     """Plain RoPE scores (xPos scaled), RoPER's values: sdpa per chunk of ``scorer.fast_chunks``."""
     q_len, kv = call.query.shape[2], call.key.shape[2]
-    offset, outs = kv - q_len, []
+    offset, out = kv - q_len, Rows(call, needs_grad(call.query, call.key, call.value))
     values = scorer.fast_values(module, call, offset)
-    chunks = scorer.fast_chunks(call)
+    chunks = [
+        slice(i, min(i + FAR_BLOCK, c.stop))
+        for c in scorer.fast_chunks(call)
+        for i in range(c.start, c.stop, FAR_BLOCK)
+    ]
     for rows in chunks:
         q, k = scorer.fast_query_keys(module, call, rows, offset)
         if mask is not None or not causal:
             rows_mask = None if mask is None else (mask[..., rows, :] if mask.shape[-2] > 1 else mask)
-            out = F.scaled_dot_product_attention(q, k, values, attn_mask=rows_mask, scale=scale, enable_gqa=True)
-        elif (len(chunks) == 1 and offset == 0) or q_len == 1:
-            out = F.scaled_dot_product_attention(q, k, values, scale=scale, is_causal=q_len > 1, enable_gqa=True)
+            block = F.scaled_dot_product_attention(q, k, values, attn_mask=rows_mask, scale=scale, enable_gqa=True)
+        elif len(chunks) == 1 and (offset == 0 or q_len == 1):  # one call: the output needs no buffer
+            return scorer.finish(
+                call,
+                F.scaled_dot_product_attention(q, k, values, scale=scale, is_causal=q_len > 1, enable_gqa=True),
+                rows,
+            )
         else:
-            out = causal_lse(q, k, values, offset + rows.start, scale)[0]
-        outs.append(scorer.finish(call, out, rows))
-    return torch.cat(outs, dim=2)
+            block = causal_lse(q, k, values, offset + rows.start, scale)[0]
+        out.put(rows, scorer.finish(call, block, rows))
+    return out.result()
 
 
 def run(scorer, module, call: Call, mask, causal: bool, scale: float, dropout: float, training: bool):
