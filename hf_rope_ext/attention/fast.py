@@ -79,11 +79,21 @@ class Rows:
         return self.buffer if self.buffer is not None else torch.cat(self.pieces, dim=2)
 
 
-def near_regular(call: Call, window: int, scale: float, grad: bool):
+def near_keys(module, call: Call, reach: int) -> torch.Tensor:
+    """Keys [reach, kv) rotated by their positions; while decoding (one query, a cache) the rows shared with the
+    previous step's window are reused."""
+    if call.query.shape[2] > 1 or reach == 0:
+        return rotate(call.key[:, :, reach:], call.k_pos[:, reach:], call.inv_freq)
+    tag = ("near_key", tuple(call.inv_freq.tolist()))
+    turn = lambda x, p: rotate(x, p, call.inv_freq)  # noqa: E731
+    return rotated_cache.window_rows(module, "near_key", tag, call.key, call.k_pos, reach, turn)
+
+
+def near_regular(module, call: Call, window: int, scale: float, grad: bool):
     """(out [B, H, q, dv], lse [B, H, q]) of the window band for every query, regular positions, no mask."""
     q_len, kv = call.query.shape[2], call.key.shape[2]
     offset, reach = kv - q_len, max(0, kv - q_len - window + 1)  # keys before ``reach`` are out of every band
-    keys = rotate(call.key[:, :, reach:], call.k_pos[:, reach:], call.inv_freq)
+    keys = near_keys(module, call, reach)
     out, lses, step = Rows(call, grad), [], near_block(window)
     for i0 in range(0, q_len, step):
         i1 = min(i0 + step, q_len)
@@ -114,7 +124,7 @@ def two_band_regular(scorer, module, call: Call, scale: float) -> torch.Tensor:
     window = int(call.params["window"])
     q_len, kv = call.query.shape[2], call.key.shape[2]
     offset, grad = kv - q_len, needs_grad(call.query, call.key, call.value)
-    near_out, near_lse = near_regular(call, window, scale, grad)
+    near_out, near_lse = near_regular(module, call, window, scale, grad)
     first_far = max(0, window - offset)  # rows with a far key: offset + row >= window
     if first_far >= q_len:
         return near_out

@@ -76,3 +76,34 @@ def rotated(
 def forget(module) -> None:
     """Drop what ``module`` remembers (frees the rotated copies)."""
     _MEMORY.pop(module, None)
+
+
+@dataclass
+class Window:
+    tag: tuple
+    start: int  # first key row held
+    source: torch.Tensor  # [B, Hkv, w, d] a copy of the unrotated rows [start, start + w)
+    positions: torch.Tensor  # [B, w]
+    rotated: torch.Tensor  # [B, Hkv, w, d]
+
+
+def window_rows(module, purpose: str, tag: tuple, source: torch.Tensor, positions: torch.Tensor, start: int, rotate):
+    """``rotate(source[:, :, start:], positions[:, start:])`` for a short trailing window (the near band while
+    decoding), reusing the rows it shares with the module's last window once their unrotated copies and
+    positions compare equal (a comparison of window rows, not of the cache)."""
+    if torch.is_grad_enabled() and source.requires_grad:
+        return rotate(source[:, :, start:], positions[:, start:])
+    memory = _MEMORY.setdefault(module, {})
+    old, kv = memory.get(purpose), source.shape[2]
+    shift = None if old is None or old.tag != tag else start - old.start
+    shared = 0 if shift is None or shift < 0 else max(0, min(old.source.shape[2] - shift, kv - start))
+    if shared and not (
+        old.source.shape[:2] == source.shape[:2]
+        and torch.equal(old.positions[:, shift : shift + shared], positions[:, start : start + shared])
+        and torch.equal(old.source[:, :, shift : shift + shared], source[:, :, start : start + shared])
+    ):
+        shared = 0
+    fresh = rotate(source[:, :, start + shared :], positions[:, start + shared :])
+    rotated = torch.cat((old.rotated[:, :, shift : shift + shared], fresh), dim=2) if shared else fresh
+    memory[purpose] = Window(tag, start, source[:, :, start:].clone(), positions[:, start:].clone(), rotated)
+    return rotated

@@ -7,6 +7,8 @@ layout is always ``"half"`` (pairs (i, i + d/2)); interleaved checkpoints are co
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..frequencies.common import inv_freq_for_base, rope_setup
@@ -16,9 +18,14 @@ LAYOUT = "half"
 
 
 def base_inv_freq(config, layer_type: str | None = None, device=None) -> torch.Tensor:
-    """theta_i = b^(-2i/d) of plain RoPE for this config (rotary dim d), shape [d/2], float64."""
+    """theta_i = b^(-2i/d) of plain RoPE for this config (rotary dim d), shape [d/2], float64 (shared: read only)."""
     setup = rope_setup(config, layer_type)
-    return inv_freq_for_base(setup.base, setup.dim, device, dtype=torch.float64)
+    return _inv_freq64(setup.base, setup.dim, str(torch.device(device or "cpu")))
+
+
+@functools.lru_cache(maxsize=64)
+def _inv_freq64(base: float, dim: int, device: str) -> torch.Tensor:
+    return inv_freq_for_base(base, dim, device, dtype=torch.float64)
 
 
 def cos_sin64(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
