@@ -35,9 +35,11 @@ def applicable(call: Call, dropout: float, training: bool) -> bool:
     return call.query.device.type == "cpu" and not (training and dropout > 0)
 
 
-def regular(call: Call) -> bool:
+def regular(call: Call, mask) -> bool:
     """Each row's key positions consecutive, the queries being the newest keys (kv - q_len on)."""
     q_len, kv = call.query.shape[2], call.key.shape[2]
+    if mask is None and (kv > q_len or q_len == 1):  # key_positions made them consecutive up to the last query
+        return q_len == 1 or bool((call.q_pos[:, 1:] - call.q_pos[:, :-1] == 1).all())
     base = call.k_pos - torch.arange(kv, device=call.k_pos.device)
     start = base[:, :1]
     queries = call.q_pos - torch.arange(kv - q_len, kv, device=call.q_pos.device)
@@ -223,6 +225,6 @@ def run(scorer, module, call: Call, mask, causal: bool, scale: float, dropout: f
         return None
     if scorer.bands_count == 1:
         return single_band(scorer, module, call, mask, causal, scale)
-    if mask is None and causal and regular(call):
+    if mask is None and causal and regular(call, mask):
         return two_band_regular(scorer, module, call, scale)
     return two_band_masked(scorer, module, call, mask, causal, scale)

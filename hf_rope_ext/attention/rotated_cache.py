@@ -103,7 +103,9 @@ def window_rows(module, purpose: str, tag: tuple, source: torch.Tensor, position
         and torch.equal(old.source[:, :, shift : shift + shared], source[:, :, start : start + shared])
     ):
         shared = 0
-    fresh = rotate(source[:, :, start + shared :], positions[:, start + shared :])
-    rotated = torch.cat((old.rotated[:, :, shift : shift + shared], fresh), dim=2) if shared else fresh
+    rotated = old.rotated[:, :, shift : shift + shared] if shared else None
+    if start + shared < kv:
+        fresh = rotate(source[:, :, start + shared :], positions[:, start + shared :])
+        rotated = fresh if rotated is None else torch.cat((rotated, fresh), dim=2)
     memory[purpose] = Window(tag, start, source[:, :, start:].clone(), positions[:, start:].clone(), rotated)
     return rotated

@@ -30,10 +30,12 @@ def _inv_freq64(base: float, dim: int, device: str) -> torch.Tensor:
 
 def cos_sin64(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [B, L] x inv_freq [d/2] -> cos, sin [B, 1, L, d] (half layout, head axis 1), float32."""
-    with torch.autocast(device_type=positions.device.type, enabled=False):
-        a = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device, torch.float64)
-        a = torch.cat((a, a), dim=-1)[:, None]
-        return a.cos().float(), a.sin().float()
+    if torch.is_autocast_enabled(positions.device.type):
+        with torch.autocast(device_type=positions.device.type, enabled=False):
+            return cos_sin64(positions, inv_freq)
+    a = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device, torch.float64)
+    a = torch.cat((a, a), dim=-1)[:, None]
+    return a.cos().float(), a.sin().float()
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
