@@ -27,7 +27,7 @@ from .positions import chunk_mask
 from .rotation import rotate
 from .scoring import Call, Scorer
 
-FAR_BLOCK = 4096  # query rows per far-band block (memory: a rotated query block and its output)
+FAR_BLOCK = 1024  # query rows per far-band block: its rotated queries and outputs are the temporaries
 MASK_BUDGET = 2**22  # mask elements (rows x kv x batch) per query block of the masked path
 
 
@@ -135,11 +135,8 @@ def two_band_regular(scorer, module, call: Call, scale: float) -> torch.Tensor:
         i1 = min(i0 + FAR_BLOCK, q_len)
         q = rotate(call.query[:, :, i0:i1], scorer.far_query(call.q_pos[:, i0:i1], call.params), call.inv_freq)
         far = causal_lse(q, keys, call.value, offset + i0 - window, scale)
-        merged = merge((near_out[:, :, i0:i1], near_lse[:, :, i0:i1]), far)[0]
-        if grad:
-            pieces.append(merged)
-        else:
-            near_out[:, :, i0:i1] = merged  # the buffer of ``Rows``: merged in place
+        merged = merge((near_out[:, :, i0:i1], near_lse[:, :, i0:i1]), far, inplace=not grad)[0]
+        pieces.append(merged)  # without autograd: merged in place into the buffer of ``Rows``
     return torch.cat(pieces, dim=2) if grad else near_out
 
 

@@ -84,24 +84,31 @@ def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x[:, :, None].expand(b, kv_heads, heads // kv_heads, length, d).reshape(b, heads, length, d)
 
 
-def merge(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]):
-    """Softmax over the union of two disjoint key sets from each one's (out, lse): (out, lse) of the union.
-
-    A row empty in one set (lse -inf, its output finite: the kernel writes 0) takes the other's output; a row
-    empty in both gives 0. Weights in float32, the output in a's dtype.
-    """
-    (o1, l1), (o2, l2) = a, b
+def merge_weights(l1: torch.Tensor, l2: torch.Tensor):
+    """Normalized weights [B, H, c, 1] of two pieces and the union's lse, all float32 (see ``merge``)."""
     top = torch.maximum(l1, l2)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     w1, w2 = torch.exp(l1 - top), torch.exp(l2 - top)  # [B, H, c]; 0 where a set is empty
     total = w1 + w2
     norm = total.clamp(min=torch.finfo(torch.float32).tiny)
-    w1, w2 = (w1 / norm)[..., None], (w2 / norm)[..., None]
+    return (w1 / norm)[..., None], (w2 / norm)[..., None], top + torch.log(total)
+
+
+def merge(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], inplace: bool = False):
+    """Softmax over the union of two disjoint key sets from each one's (out, lse): (out, lse) of the union.
+
+    A row empty in one set (lse -inf, its output finite: the kernel writes 0) takes the other's output; a row
+    empty in both gives 0. Weights in float32; the output in a's dtype. ``inplace`` (no autograd): written into
+    a's output (float32 outputs only; others take the float32 path and are copied back).
+    """
+    (o1, l1), (o2, l2) = a, b
+    w1, w2, lse = merge_weights(l1, l2)
     if o1.dtype == torch.float32:
-        out = torch.addcmul(o1 * w1, o2, w2)
+        out = o1.mul_(w1).addcmul_(o2, w2) if inplace else torch.addcmul(o1 * w1, o2, w2)
     else:
         out = torch.addcmul(o1.float() * w1, o2.float(), w2).to(o1.dtype)
-    return out, top + torch.log(total)
+        out = o1.copy_(out) if inplace else out
+    return out, lse
 
 
 def causal_lse(q, k, v, first: int, scale: float):
@@ -116,4 +123,5 @@ def causal_lse(q, k, v, first: int, scale: float):
     square = attention_lse(q, k[:, :, first : first + c], v[:, :, first : first + c], None, True, scale)
     if first == 0:
         return square
-    return merge(attention_lse(q, k[:, :, :first], v[:, :, :first], None, False, scale), square)
+    full = attention_lse(q, k[:, :, :first], v[:, :, :first], None, False, scale)
+    return merge(full, square, inplace=not needs_grad(q, k, v))
