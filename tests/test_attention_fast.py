@@ -119,6 +119,10 @@ def test_decode_steps_reuse_rotated_keys_and_equal_eager(name, q_len):
         other_k[:, :, row] += 1.0
         fast_out, reference = both(module, q[:, :, rows], other_k, values, mask, pos)
         torch.testing.assert_close(fast_out, reference, rtol=0, atol=1e-5)
+    both(module, q[:, :, rows], keys, values, mask, pos)
+    keys[:, :, 3] += 1.0  # the last call's own key tensor, written in place (a static cache, beam reordering)
+    fast_out, reference = both(module, q[:, :, rows], keys, values, mask, pos)
+    torch.testing.assert_close(fast_out, reference, rtol=0, atol=1e-5)
     rotated_cache.forget(module)
 
 

@@ -5,8 +5,9 @@ Self-Extend, every key for xPos and RoPER). Rotating 16k keys with float64 angle
 step's attention, so calls that extend a cache (more keys than queries, no autograd) keep, per attention module
 and purpose, the rotated rows and what they were computed from. The next call reuses a prefix of them only when
 it provably holds the same thing: the same rotation tag (frequencies, parameters, reference), the same key
-positions, and the same unrotated keys, either the very tensor seen before, not written since (its version
-counter), or a tensor equal to it element by element on that prefix (transformers' DynamicCache makes a new
+positions, and the same unrotated keys: either the very view of memory seen before, not written since (its
+version counter; memory written in place, as a static cache, is never compared with itself), or a tensor equal
+to it element by element on that prefix (transformers' DynamicCache makes a new
 tensor by concatenation at every step, so this comparison runs and costs one read of the cached keys). Anything
 else (another prompt, beam reordering, a cropped cache refilled, a static cache written in place) recomputes.
 """
@@ -41,8 +42,10 @@ def reusable_rows(entry: Entry | None, tag: tuple, source: torch.Tensor, positio
         return 0
     if not torch.equal(entry.positions[:, :n], positions[:, :n]):
         return 0
-    if entry.source is source and source._version == entry.version:
-        return n
+    if entry.source.untyped_storage().data_ptr() == source.untyped_storage().data_ptr():
+        # the same memory (a static cache, written in place): only an unwritten, identical view can be trusted
+        same_view = entry.source.data_ptr() == source.data_ptr() and entry.source.stride() == source.stride()
+        return n if same_view and source._version == entry.version else 0
     return n if torch.equal(entry.source[:, :, :n], source[:, :, :n]) else 0
 
 
@@ -53,8 +56,8 @@ def rotated(
 
     ``old_rows``: rows of ``source`` that were already in the cache before this call (kv - q_len); only those can
     be reused, and the result is remembered only for calls that extend a cache (old_rows > 0) without autograd.
-    The rows live in a buffer with room to grow (doubling), so a step writes only its new rows; the returned
-    view is valid until the module's next call.
+    The rows live in a buffer with room for kv/8 more rows, so a step writes only its new rows (a full copy every
+    kv/8 steps); the returned view is valid until the module's next call.
     """
     if old_rows <= 0 or (torch.is_grad_enabled() and source.requires_grad):
         return rotate(source, positions)
@@ -64,7 +67,7 @@ def rotated(
     kv = source.shape[2]
     buffer = entry.rotated if n > 0 and entry.rotated.shape[2] >= kv else None
     if buffer is None:
-        shape = (*source.shape[:2], 2 * kv, source.shape[3])
+        shape = (*source.shape[:2], kv + max(64, kv // 8), source.shape[3])  # room for kv/8 more steps
         buffer = source.new_empty(shape)
         if n > 0:
             buffer[:, :, :n] = entry.rotated[:, :, :n]
