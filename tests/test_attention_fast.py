@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_model
 from torch.nn import functional as F
 
-from hf_rope_ext.attention import dispatch, fast, lse, positions, rotated_cache
+from hf_rope_ext.attention import dispatch, fast, lse, positions, rotated_cache, rotation
 from hf_rope_ext.attention.xpos import XposScorer
 
 PARAMS = {
@@ -169,3 +169,15 @@ def test_no_dense_mask_or_full_keys_per_query_block(name, monkeypatch):
     if "window" in PARAMS[name]:
         masked = [(rows, keys) for rows, keys, m in seen if m is not None]
         assert masked and all(keys <= rows + PARAMS[name]["window"] - 1 for rows, keys in masked), masked
+
+
+def test_rotation_in_row_pieces_equals_one_piece(monkeypatch):
+    """Long keys are rotated and xPos-scaled ROWS rows at a time (bounded temporaries): bit-identical."""
+    g = torch.Generator().manual_seed(4)
+    x, pos = torch.randn(2, 3, 100, 24, generator=g), torch.arange(100)[None].expand(2, 100) * 7
+    inv_freq = 1 / 10000 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)  # partial rotary: 16 of 24 dims
+    log_scale = -torch.rand(2, 1, 100, 8, generator=g, dtype=torch.float64)
+    whole = rotation.rotate(x, pos, inv_freq), rotation.scale_pairs(x, log_scale)
+    monkeypatch.setattr(rotation, "ROWS", 7)
+    assert torch.equal(rotation.rotate(x, pos, inv_freq), whole[0])
+    assert torch.equal(rotation.scale_pairs(x, log_scale), whole[1])

@@ -38,14 +38,37 @@ def cos_sin64(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Te
     return a.cos().float(), a.sin().float()
 
 
+ROWS = 2048  # rows per piece when rotating or scaling long tensors without autograd (bounds the temporaries)
+
+
+def by_rows(function, x: torch.Tensor, per_row: torch.Tensor, axis: int, *args) -> torch.Tensor:
+    """``function(x, per_row, *args)`` with x [B, H, L, ...] and per_row's ``axis`` of length L cut into pieces of
+    ROWS rows written into one output (row-wise functions only), so float32 temporaries stay a few pieces large."""
+    rows = x.shape[2]
+    if rows <= ROWS or (torch.is_grad_enabled() and x.requires_grad):
+        return function(x, per_row, *args)
+    out = x.new_empty(x.shape)
+    for i in range(0, rows, ROWS):
+        out[:, :, i : i + ROWS] = function(x[:, :, i : i + ROWS], per_row.narrow(axis, i, min(ROWS, rows - i)), *args)
+    return out
+
+
 def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Rotate x [B, H, L, head_dim] by positions [B, L]; dims past the rotary dim pass through (partial rotary)."""
+    return by_rows(_rotate, x, positions, 1, inv_freq)
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     cos, sin = cos_sin64(positions, inv_freq)
     return apply_rotary(x, cos, sin, LAYOUT)
 
 
 def scale_pairs(x: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
     """Multiply each rotary pair of x [B, H, L, head_dim] by exp(log_scale) [B, 1, L, d/2]; other dims unchanged."""
+    return by_rows(_scale_pairs, x, log_scale, 2)
+
+
+def _scale_pairs(x: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
     s = torch.exp(torch.cat((log_scale, log_scale), dim=-1)).float()
     d = s.shape[-1]
     scaled = (x[..., :d].float() * s).to(x.dtype)
