@@ -117,8 +117,10 @@ def decode(module, cached: int, head_dim: int, dtype, device: str, steps: int) -
         q, k_new, v_new = (random((1, h, 1, head_dim), dtype, device, 10 + step) for h in (HEADS, KV_HEADS, KV_HEADS))
         k, v = torch.cat((k, k_new), dim=2), torch.cat((v, v_new), dim=2)  # as DynamicCache.update
         pos = torch.tensor([[k.shape[2] - 1]], device=device)
-        result = timed(lambda: function(module, q, k, v, None, scaling=head_dim**-0.5, position_ids=pos), device)
-        results.append(result)
+        step_call = lambda q=q, k=k, v=v, pos=pos: function(  # noqa: E731
+            module, q, k, v, None, scaling=head_dim**-0.5, position_ids=pos
+        )
+        results.append(timed(step_call, device))
     seconds = statistics.median(r[0] for r in results[1:])
     return seconds, max(r[1] for r in results[1:])
 
@@ -166,6 +168,21 @@ def table_rows(case, results) -> list[str]:
     return rows
 
 
+def compact_row(case, results) -> str:
+    """One row of the summary: plain's time, then per type time ratio (min) / peak ratio."""
+    head_dim, dtype, kind, length = case
+    base = results["default"]
+    base_min, base_mem = min(r[0] for r in base), min(r[1] for r in base)
+    cells = []
+    for name, runs in results.items():
+        if name == "default":
+            continue
+        ratio = f"{min(r[0] for r in runs) / base_min:.2f}"
+        mem = min(r[1] for r in runs)
+        cells.append(ratio + (f" / {mem / base_mem:.2f}" if base_mem >= 1 else ""))
+    return f"| {kind} | {length} | {head_dim} | {dtype} | {base_min:.4f} | " + " | ".join(cells) + " |"
+
+
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="*", default=[2048, 8192, 16384], help="prefill lengths")
@@ -193,10 +210,19 @@ def main(argv=None) -> int:
         "peak MiB | x plain peak |",
         "| ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
+    others = [name for name in args.types if name != "default"]
+    summary = [
+        "| pass | tokens | head_dim | dtype | plain s (min) | " + " | ".join(others) + " |",
+        "| --- | ---: | ---: | --- | ---: | " + " | ".join("---:" for _ in others) + " |",
+    ]
     for case in cases(args):
-        lines += table_rows(case, measure_case(args, case))
+        results = measure_case(args, case)
+        lines += table_rows(case, results)
+        summary.append(compact_row(case, results))
     print(f"\n{args.device}, {args.threads} thread(s), {args.repeats} interleaved repeats, window {WINDOW}")
     print("\n".join(lines))
+    print("\nx plain sdpa: time (min over repeats) / peak memory (prefill)")
+    print("\n".join(summary))
     return 0
 
 
