@@ -66,10 +66,13 @@ class XposScorer(Scorer):
             k_log = ((ref - n).clamp(min=0).double() / scale_base)[:, None, :, None] * logz
             return scale_pairs(rotate(x, n, call.inv_freq), k_log)
 
-        if old_rows <= 0:  # prefill: rotate once per call, scale per chunk
-            keys = self.fast_keys(module, call, old_rows)
-            k_log = ((ref - call.k_pos).clamp(min=0).double() / scale_base)[:, None, :, None] * logz
-            return q, scale_pairs(keys, k_log)
+        if old_rows <= 0:  # prefill: rotate once per call, scale once per reference
+            memo = ("xpos_keys", tuple(ref.flatten().tolist()))
+            if memo not in call.state:
+                call.state.pop(call.state.get("xpos_last"), None)  # the previous reference's keys: done with
+                k_log = ((ref - call.k_pos).clamp(min=0).double() / scale_base)[:, None, :, None] * logz
+                call.state[memo], call.state["xpos_last"] = scale_pairs(self.fast_keys(module, call, 0), k_log), memo
+            return q, call.state[memo]
         tag = (
             "xpos_key",
             tuple(call.inv_freq.tolist()),
