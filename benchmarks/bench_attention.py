@@ -1,53 +1,66 @@
-"""Time and peak memory of each attention-level rope type against plain RoPE, on a tiny random Llama.
+"""Time and peak memory of each attention-level rope type's attention call as ratios to plain RoPE's sdpa.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_attention.py --lengths 1024 4096 16384
+    OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/bench_attention.py \\
+        --lengths 2048 8192 16384 --decode 4096 16384 --head-dims 64 128 --dtypes float32 bfloat16
 
-One no-grad forward pass per (rope type, length) after a warm-up on 64 tokens, keeping only the last logits (so the
-vocabulary projection does not dominate). Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` above what was
-allocated before the pass; on CPU, the process's peak resident set (VmHWM, reset through /proc/self/clear_refs)
-above the resident set before the pass.
+Real attention shapes: 32 query heads, 8 kv heads, head_dim 64 or 128, batch 1. Each rope type gets the attention
+module of a one-layer Llama whose config names it, and the call is the one transformers makes:
+``ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, None, scaling=..., position_ids=...)``, with plain RoPE
+(``default``) going to transformers' own sdpa function (its q/k would be rotated by the model; rotation is
+elementwise and not timed here, while the package's types rotate inside the call and pay for it).
+- prefill: q/k/v of ``length`` tokens, no mask (causal), positions 0..length-1;
+- decode: one new token per step against a cache of ``--decode`` tokens; each step gets a new key tensor made by
+  concatenation (as transformers' DynamicCache), outside the timing; per-token time is the median of
+  ``--steps`` steps after a first step (which fills the rotated-key memory and is not counted).
+Every (type, case) is measured once per repeat, types interleaved within each repeat, ``--repeats`` repeats; the
+table gives min and median over repeats (the machine may be shared: min is the better estimate of the cost).
+Peak memory: CUDA ``max_memory_allocated`` above the start; CPU the process's peak resident set (VmHWM, reset
+through /proc/self/clear_refs) above the resident set at the start, with glibc told to return every freed block
+of 64 KiB or more to the system at once (``MALLOC_MMAP_THRESHOLD_``, set by re-running itself), so that the
+peak of one call is not hidden by memory freed earlier.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import hf_rope_ext  # noqa: F401  (registers the rope types)
 
+WINDOW = 512
 TYPES = {
     "default": {"rope_type": "default"},
-    "rerope": {"rope_type": "rerope", "window": 512},
-    "leaky_rerope": {"rope_type": "leaky_rerope", "window": 512, "factor": 16.0},
-    "self_extend": {"rope_type": "self_extend", "window": 512, "group_size": 8},
+    "rerope": {"rope_type": "rerope", "window": WINDOW},
+    "leaky_rerope": {"rope_type": "leaky_rerope", "window": WINDOW, "factor": 16.0},
+    "self_extend": {"rope_type": "self_extend", "window": WINDOW, "group_size": 8},
     "xpos": {"rope_type": "xpos"},
     "roper": {"rope_type": "roper"},
 }
+HEADS, KV_HEADS = 32, 8
 
 
-def build(rope: dict, implementation: str, device: str, dtype: torch.dtype, hidden: int, layers: int):
-    """A random Llama with 4 query heads and 2 kv heads (head_dim hidden/4), pretrained length 4096."""
+def attention_module(rope: dict, head_dim: int, device: str, dtype: torch.dtype):
+    """The attention module of a one-layer Llama (32 / 8 heads, pretrained length 4096) using ``rope``."""
     config = LlamaConfig(
         vocab_size=256,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hidden_size=HEADS * head_dim,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
         max_position_embeddings=4096,
         rope_parameters={"rope_theta": 10000.0, **rope},
     )
-    config._attn_implementation = implementation
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+    config._attn_implementation = "sdpa"
+    return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval().model.layers[0].self_attn
 
 
 def resident_kib(field: str) -> int:
@@ -58,7 +71,6 @@ def resident_kib(field: str) -> int:
 
 
 def reset_peak(device: str) -> int:
-    """Reset the peak counter; returns the current usage in bytes."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -74,82 +86,143 @@ def peak(device: str) -> int:
     return resident_kib("VmHWM") * 1024
 
 
-def measure(model, length: int, device: str) -> tuple[float, float]:
-    """(seconds, peak MiB above the start) of one forward pass over ``length`` random tokens."""
-    ids = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(0)).to(device)
+def timed(function, device: str) -> tuple[float, float]:
+    """(seconds, peak MiB above the start) of one call."""
+    start_bytes = reset_peak(device)
+    start = time.perf_counter()
     with torch.no_grad():
-        model(ids[:, :64], logits_to_keep=1)  # warm-up
-        start_bytes = reset_peak(device)
-        start = time.perf_counter()
-        model(ids, logits_to_keep=1)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-    return seconds, (peak(device) - start_bytes) / 2**20
+        function()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, (peak(device) - start_bytes) / 2**20
 
 
-def run_case(args) -> tuple[float, float]:
-    """One (rope type, length) in a fresh interpreter, so no earlier pass's memory is counted or reused."""
-    command = [sys.executable, __file__, "--case", args.case_name, str(args.case_length), *common_flags(args)]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
-    seconds, mib = json.loads(result.stdout.strip().splitlines()[-1])
-    return seconds, mib
+def random(shape, dtype, device, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device=device, dtype=dtype)
 
 
-def common_flags(args) -> list[str]:
+def prefill(module, length: int, head_dim: int, dtype, device: str) -> tuple[float, float]:
+    q = random((1, HEADS, length, head_dim), dtype, device, 0)
+    k, v = (random((1, KV_HEADS, length, head_dim), dtype, device, s) for s in (1, 2))
+    pos = torch.arange(length, device=device)[None]
+    function = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    return timed(lambda: function(module, q, k, v, None, scaling=head_dim**-0.5, position_ids=pos), device)
+
+
+def decode(module, cached: int, head_dim: int, dtype, device: str, steps: int) -> tuple[float, float]:
+    """Median seconds and max peak MiB per token over ``steps`` steps after a first, uncounted one."""
+    k, v = (random((1, KV_HEADS, cached, head_dim), dtype, device, s) for s in (1, 2))
+    function, results = ALL_ATTENTION_FUNCTIONS["sdpa"], []
+    for step in range(steps + 1):
+        q, k_new, v_new = (random((1, h, 1, head_dim), dtype, device, 10 + step) for h in (HEADS, KV_HEADS, KV_HEADS))
+        k, v = torch.cat((k, k_new), dim=2), torch.cat((v, v_new), dim=2)  # as DynamicCache.update
+        pos = torch.tensor([[k.shape[2] - 1]], device=device)
+        step_call = lambda q=q, k=k, v=v, pos=pos: function(  # noqa: E731
+            module, q, k, v, None, scaling=head_dim**-0.5, position_ids=pos
+        )
+        results.append(timed(step_call, device))
+    seconds = statistics.median(r[0] for r in results[1:])
+    return seconds, max(r[1] for r in results[1:])
+
+
+def cases(args) -> list[tuple[int, str, str, int]]:
+    """(head_dim, dtype, kind, length) in the order measured."""
     return [
-        "--implementation",
-        args.implementation,
-        "--device",
-        args.device,
-        "--dtype",
-        args.dtype,
-        "--hidden",
-        str(args.hidden),
-        "--layers",
-        str(args.layers),
+        (head_dim, dtype, kind, length)
+        for head_dim in args.head_dims
+        for dtype in args.dtypes
+        for kind, lengths in (("prefill", args.lengths), ("decode", args.decode))
+        for length in lengths
     ]
+
+
+def measure_case(args, case) -> dict[str, list[tuple[float, float]]]:
+    head_dim, dtype_name, kind, length = case
+    dtype = getattr(torch, dtype_name)
+    modules = {name: attention_module(TYPES[name], head_dim, args.device, dtype) for name in args.types}
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in args.types}
+    for _ in range(args.repeats):
+        for name in args.types:  # interleaved: every type once per repeat
+            if kind == "prefill":
+                results[name].append(prefill(modules[name], length, head_dim, dtype, args.device))
+            else:
+                results[name].append(decode(modules[name], length, head_dim, dtype, args.device, args.steps))
+            print(f"  {case} {name}: {results[name][-1][0]:.4f} s, {results[name][-1][1]:.0f} MiB", flush=True)
+    return results
+
+
+def table_rows(case, results) -> list[str]:
+    head_dim, dtype, kind, length = case
+    base = results["default"]
+    base_min, base_med = min(r[0] for r in base), statistics.median(r[0] for r in base)
+    base_mem = min(r[1] for r in base)
+    rows = []
+    for name, runs in results.items():
+        t_min, t_med = min(r[0] for r in runs), statistics.median(r[0] for r in runs)
+        mem = min(r[1] for r in runs)
+        mem_ratio = f"{mem / base_mem:.2f}" if base_mem >= 1 else "-"  # below 1 MiB: not measurable here
+        rows.append(
+            f"| {head_dim} | {dtype} | {kind} | {length} | {name} | {t_min:.4f} | {t_min / base_min:.2f} | "
+            f"{t_med / base_med:.2f} | {mem:.0f} | {mem_ratio} |"
+        )
+    return rows
+
+
+def compact_row(case, results) -> str:
+    """One row of the summary: plain's time, then per type time ratio (min) / peak ratio."""
+    head_dim, dtype, kind, length = case
+    base = results["default"]
+    base_min, base_mem = min(r[0] for r in base), min(r[1] for r in base)
+    cells = []
+    for name, runs in results.items():
+        if name == "default":
+            continue
+        ratio = f"{min(r[0] for r in runs) / base_min:.2f}"
+        mem = min(r[1] for r in runs)
+        cells.append(ratio + (f" / {mem / base_mem:.2f}" if base_mem >= 1 else ""))
+    return f"| {kind} | {length} | {head_dim} | {dtype} | {base_min:.4f} | " + " | ".join(cells) + " |"
 
 
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--lengths", type=int, nargs="*", default=[2048, 8192, 16384], help="prefill lengths")
+    parser.add_argument("--decode", type=int, nargs="*", default=[4096, 16384], help="cache lengths for decode")
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--types", nargs="+", default=list(TYPES), choices=list(TYPES))
-    parser.add_argument("--implementation", default="sdpa", choices=["eager", "sdpa"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8, help="decode steps counted per measurement")
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--case", nargs=2, metavar=("TYPE", "LENGTH"), help="internal: measure one case, print JSON")
     args = parser.parse_args(argv)
-    if args.case:
-        args.case_name, args.case_length = args.case[0], int(args.case[1])
+    if "default" not in args.types:
+        args.types = ["default", *args.types]
     return args
 
 
 def main(argv=None) -> int:
+    if not torch.cuda.is_available() and os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
     args = parse(argv)
-    dtype = getattr(torch, args.dtype)
-    if args.case:
-        model = build(TYPES[args.case_name], args.implementation, args.device, dtype, args.hidden, args.layers)
-        print(json.dumps(measure(model, args.case_length, args.device)))
-        return 0
-    rows, baseline = [], {}
-    for name, length in tqdm([(n, length) for length in args.lengths for n in args.types], desc="forward passes"):
-        args.case_name, args.case_length = name, length
-        seconds, mib = run_case(args)
-        if name == "default":
-            baseline[length] = seconds
-        rows.append((name, length, seconds, mib))
-    setup = f"{args.implementation}, {args.device}, {args.dtype}, hidden {args.hidden}, {args.layers} layers"
-    print(f"\n{setup}, 4 heads (2 kv)")
-    print("| rope_type | tokens | forward (s) | x plain RoPE | peak memory (MiB) |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for name, length, seconds, mib in rows:
-        ratio = f"{seconds / baseline[length]:.2f}" if length in baseline else "-"
-        print(f"| {name} | {length} | {seconds:.3f} | {ratio} | {mib:.0f} |")
+    torch.set_num_threads(args.threads)
+    lines = [
+        "| head_dim | dtype | pass | tokens | rope_type | time (s, min) | x plain (min) | x plain (median) | "
+        "peak MiB | x plain peak |",
+        "| ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    others = [name for name in args.types if name != "default"]
+    summary = [
+        "| pass | tokens | head_dim | dtype | plain s (min) | " + " | ".join(others) + " |",
+        "| --- | ---: | ---: | --- | ---: | " + " | ".join("---:" for _ in others) + " |",
+    ]
+    for case in cases(args):
+        results = measure_case(args, case)
+        lines += table_rows(case, results)
+        summary.append(compact_row(case, results))
+    print(f"\n{args.device}, {args.threads} thread(s), {args.repeats} interleaved repeats, window {WINDOW}")
+    print("\n".join(lines))
+    print("\nx plain sdpa: time (min over repeats) / peak memory (prefill)")
+    print("\n".join(summary))
     return 0
 
 

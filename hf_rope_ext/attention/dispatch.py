@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from .fast import run as run_fast
 from .kernel import KERNELS
 from .params import is_nope_layer, unsupported_reason
 from .positions import chunk_mask, key_positions, query_positions
@@ -76,14 +77,6 @@ def check_module(module, name: str, implementation: str) -> registry.RopeMethod:
     return method
 
 
-def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """[B, Hkv, L, d] -> [B, H, L, d], query head h reading kv head h // (H / Hkv) (as transformers' repeat_kv)."""
-    b, kv_heads, length, d = x.shape
-    if heads == kv_heads:
-        return x
-    return x[:, :, None].expand(b, kv_heads, heads // kv_heads, length, d).reshape(b, heads, length, d)
-
-
 def chunk_rows(scorer, call: Call, bands: int) -> list[slice]:
     """Query row slices: within the scorer's segments, at most SCORE_BUDGET scores per band each."""
     b, h, _, _ = call.query.shape
@@ -93,15 +86,14 @@ def chunk_rows(scorer, call: Call, bands: int) -> list[slice]:
 
 
 def make_call(module, name, query, key, value, mask, position_ids) -> Call:
-    """Positions of queries and keys, kv heads expanded, the frequencies the layer's scorer rotates by."""
+    """Positions of queries and keys, the frequencies the layer's scorer rotates by (kv heads as they come)."""
     rope, layer_type = layer_rope(module)
     batch, heads, q_len, _ = query.shape
     q_pos = query_positions(position_ids, batch, q_len)
     k_pos = key_positions(q_pos, mask, key.shape[2])
     inv_freq, score_scale = SCORERS[name].frequencies(module.config, layer_type, q_pos, k_pos, query.device)
     params = filled(rope, registry.get_method(name))
-    expanded_key, expanded_value = expand_heads(key, heads), expand_heads(value, heads)
-    return Call(query, expanded_key, expanded_value, q_pos, k_pos, inv_freq, params, score_scale)
+    return Call(query, key, value, q_pos, k_pos, inv_freq, params, score_scale)
 
 
 def refuse_extras(module, name: str, implementation: str, kwargs: dict) -> float | None:
@@ -138,9 +130,16 @@ def crop_empty_slots(query, key, value, mask):
 
 
 def run_chunks(
-    implementation, scorer, call: Call, mask, causal: bool, scale: float, dropout: float, training: bool, softcap=None
+    implementation, scorer, call: Call, mask, causal: bool, scale: float, dropout: float, module, softcap=None
 ):
-    """The attention output [B, H, q, dv], one query chunk at a time."""
+    """The attention output [B, H, q, dv]: ``fast.run`` for sdpa where it applies, else one query chunk at a time.
+    ``softcap`` reaches eager only (``refuse_extras`` refuses it for sdpa)."""
+    training = module.training
+    if implementation == "sdpa":
+        out = run_fast(scorer, module, call, mask, causal, scale, dropout, training)
+        if out is not None:
+            return out
+    scorer.prepare(call)
     rows_list = chunk_rows(scorer, call, scorer.bands_count)
     q_len, kv_len, outputs = call.query.shape[2], call.key.shape[2], []
     for rows in rows_list:
@@ -164,8 +163,7 @@ def attend(implementation: str, module, query, key, value, attention_mask, scali
     check_window_mask(module, name, attention_mask, key, kwargs.get("sliding_window"))
     call = make_call(module, name, query, key, value, attention_mask, kwargs.get("position_ids"))
     scorer = SCORERS[name]
-    scorer.prepare(call)
     causal = kwargs.get("is_causal") if kwargs.get("is_causal") is not None else getattr(module, "is_causal", True)
     scale = (scaling if scaling is not None else query.shape[-1] ** -0.5) * call.score_scale
-    out = run_chunks(implementation, scorer, call, attention_mask, causal, scale, dropout, module.training, softcap)
+    out = run_chunks(implementation, scorer, call, attention_mask, causal, scale, dropout, module, softcap)
     return out.transpose(1, 2).contiguous(), None

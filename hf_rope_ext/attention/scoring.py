@@ -3,7 +3,8 @@
 A scorer turns one layer call (unrotated q/k/v and positions) into score bands per query chunk:
 ``prepare`` works on the whole call once (rotating keys, values), ``bands`` builds one query chunk's bands,
 ``finish`` post-processes that chunk's attention output (RoPER rotates it back). Chunks keep the number of
-[c, kv] score matrices alive per layer bounded whatever the length.
+[c, kv] score matrices alive per layer bounded whatever the length. The ``fast_*`` methods serve ``fast``
+(the sdpa path): rotated keys/values remembered across decode steps, chunks sized only by the method's needs.
 """
 
 from __future__ import annotations
@@ -13,17 +14,19 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import registry
+from . import rotated_cache
 from .kernel import Bands
+from .lse import expand_heads
 from .rotation import base_inv_freq, rotate
 
 
 @dataclass
 class Call:
-    """One layer call, heads expanded to the query heads (GQA keys/values repeated)."""
+    """One layer call; ``prepare`` expands kv heads to the query heads (GQA), the fast path does not."""
 
     query: torch.Tensor  # [B, H, q, d], unrotated
-    key: torch.Tensor  # [B, H, kv, d], unrotated
-    value: torch.Tensor  # [B, H, kv, dv]
+    key: torch.Tensor  # [B, Hkv, kv, d], unrotated (H after ``prepare``)
+    value: torch.Tensor  # [B, Hkv, kv, dv]
     q_pos: torch.Tensor  # [B, q] int64
     k_pos: torch.Tensor  # [B, kv] int64
     inv_freq: torch.Tensor  # [r/2] float64, plain RoPE theta_i of the rotary dims r
@@ -50,6 +53,8 @@ class Scorer:
         return [(0, call.query.shape[2])]
 
     def prepare(self, call: Call) -> None:
+        heads = call.query.shape[1]
+        call.key, call.value = expand_heads(call.key, heads), expand_heads(call.value, heads)
         call.state["key"] = rotate(call.key, call.k_pos, call.inv_freq)
         call.state["value"] = call.value
 
@@ -59,6 +64,32 @@ class Scorer:
 
     def finish(self, call: Call, out: torch.Tensor, rows: slice) -> torch.Tensor:
         return out
+
+    def fast_chunks(self, call: Call) -> list[slice]:
+        """Query row chunks of the fast path: the segments, cut to ``chunk_limit`` rows where there is one."""
+        limit = self.chunk_limit(call)
+        return [
+            slice(i, min(i + (limit or stop), stop))
+            for start, stop in self.segments(call)
+            for i in range(start, stop, limit or stop - start)
+        ]
+
+    def fast_keys(self, module, call: Call, old_rows: int) -> torch.Tensor:
+        """Keys [B, Hkv, kv, d] rotated by their positions (rows before ``old_rows`` remembered from earlier steps)."""
+        if "fast_key" not in call.state:
+            tag = ("key", tuple(call.inv_freq.tolist()))
+            call.state["fast_key"] = rotated_cache.rotated(
+                module, "key", tag, call.key, call.k_pos, old_rows, lambda x, p: rotate(x, p, call.inv_freq)
+            )
+        return call.state["fast_key"]
+
+    def fast_values(self, module, call: Call, old_rows: int) -> torch.Tensor:
+        return call.value
+
+    def fast_query_keys(self, module, call: Call, rows: slice, old_rows: int):
+        """(queries [B, H, c, d], keys [B, Hkv, kv, d]) of one chunk, ready for plain attention."""
+        q = rotate(call.query[:, :, rows], call.q_pos[:, rows], call.inv_freq)
+        return q, self.fast_keys(module, call, old_rows)
 
 
 SCORERS: dict[str, Scorer] = {}

@@ -1,0 +1,183 @@
+"""The sdpa fast path (``attention.fast``) against the eager reference path, called as transformers calls them.
+
+Both run through ``attention.attend`` on the same module and tensors; block sizes are shrunk so that every
+boundary (near blocks, far blocks, masked blocks, xPos chunks) falls inside the 40 tokens used here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_model
+from torch.nn import functional as F
+
+from hf_rope_ext.attention import dispatch, fast, lse, positions, rotated_cache, rotation
+from hf_rope_ext.attention.xpos import XposScorer
+
+PARAMS = {
+    "rerope": {"window": 5},
+    "leaky_rerope": {"window": 5, "factor": 2.5},
+    "self_extend": {"window": 5, "group_size": 3},
+    "xpos": {"scale_base": 8.0},
+    "roper": {},
+}
+TYPES = sorted(PARAMS)
+LENGTH = 40
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(fast, "near_block", lambda window: 3)
+    monkeypatch.setattr(fast, "FAR_BLOCK", 7)
+    monkeypatch.setattr(fast, "MASK_BUDGET", 2 * LENGTH * 6)  # 6 query rows per masked block at batch 2
+    monkeypatch.setattr(XposScorer, "chunk_limit", lambda self, call: 22)  # xPos chunks of 11 rows
+
+
+def module_of(name: str, **rope):
+    model = tiny_model("llama", {"rope_type": name, **PARAMS[name], **rope}, num_hidden_layers=1)
+    return model.model.layers[0].self_attn
+
+
+def tensors(batch=2, q_len=LENGTH, kv=LENGTH, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, 4, q_len, 16, generator=g)
+    k, v = torch.randn(batch, 2, kv, 16, generator=g), torch.randn(batch, 2, kv, 16, generator=g)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def both(module, q, k, v, mask, pos):
+    """(sdpa fast path, eager reference) outputs [B, q, H, d] of the same call."""
+    out = {i: dispatch.attend(i, module, q, k, v, mask, position_ids=pos)[0] for i in ("sdpa", "eager")}
+    return out["sdpa"], out["eager"]
+
+
+def left_padding(batch=2, length=LENGTH, pad=6):
+    mask = torch.ones(batch, length, dtype=torch.bool)
+    mask[1, :pad] = False
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    return (causal & mask[:, None, :])[:, None], pos  # [B, 1, q, kv]
+
+
+def packed():
+    segment = torch.cat((torch.zeros(17), torch.ones(LENGTH - 17)))
+    causal = torch.ones(LENGTH, LENGTH, dtype=torch.bool).tril()
+    mask = (causal & (segment[:, None] == segment[None, :]))[None, None].expand(2, 1, -1, -1)
+    return mask, torch.cat((torch.arange(17), torch.arange(LENGTH - 17)))[None].expand(2, -1)
+
+
+CASES = {  # name -> (rope overrides, mask, position_ids) for a prefill of LENGTH tokens
+    "shifted": ({}, None, torch.arange(7, 7 + LENGTH)[None]),
+    "window>=length": ({"window": 64}, None, torch.arange(LENGTH)[None]),
+    "window-1": ({"window": 1}, None, torch.arange(LENGTH)[None]),
+    "partial-rotary": ({"partial_rotary_factor": 0.5}, None, torch.arange(LENGTH)[None]),
+    "left-padding": ({}, *left_padding()),
+    "packed": ({}, *packed()),
+    "sliding-window-mask": ({}, torch.ones(LENGTH, LENGTH, dtype=torch.bool).tril().triu(-9)[None, None], None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("name", TYPES)
+def test_fast_path_equals_eager(name, case):
+    rope, mask, pos = CASES[case]
+    if "window" in rope and "window" not in PARAMS[name]:
+        pytest.skip("no window")
+    pos = torch.arange(LENGTH)[None] if pos is None else pos
+    fast_out, reference = both(module_of(name, **rope), *tensors(), mask, pos)
+    valid = torch.ones(2, LENGTH, dtype=torch.bool) if case != "left-padding" else mask[:, 0].any(-1)
+    torch.testing.assert_close(fast_out[valid], reference[valid], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_bfloat16_within_two_steps_of_eager(name):
+    """bf16 fast vs bf16 eager: |difference| <= 2 bf16 steps (2 * 2^-8) of the output's largest value."""
+    pos = torch.arange(LENGTH)[None]
+    fast_out, reference = both(module_of(name), *tensors(dtype=torch.bfloat16), None, pos)
+    error = (fast_out.float() - reference.float()).abs().max() / reference.float().abs().max()
+    assert error <= 2 * 2**-8, f"{error:.2e}"
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+@pytest.mark.parametrize("name", TYPES)
+def test_decode_steps_reuse_rotated_keys_and_equal_eager(name, q_len):
+    """A cache grown step by step (a new key tensor each time, as DynamicCache): every step equals eager, and
+    a different key tensor of the same length and positions (another prompt) is not served stale rows.
+    Several new tokens come with a mask (transformers passes none only for one query or no cache)."""
+    module = module_of(name)
+    q, k, v = tensors(kv=LENGTH + 3 * q_len)
+    for step in range(3):  # window 5 < 40 keys: the near band's window memory is used too
+        kv = LENGTH + (step + 1) * q_len
+        pos = torch.arange(kv - q_len, kv)[None]
+        rows = slice(step * q_len, (step + 1) * q_len)
+        keys, values = k[:, :, :kv].clone(), v[:, :, :kv].clone()
+        mask = None if q_len == 1 else positions.causal_rows(slice(0, q_len), q_len, kv, "cpu")
+        fast_out, reference = both(module, q[:, :, rows], keys, values, mask, pos)
+        torch.testing.assert_close(fast_out, reference, rtol=0, atol=1e-5)
+    for row in (3, kv - q_len - 1):  # one old key differs (far from the query, then in its window)
+        other_k = keys.clone()
+        other_k[:, :, row] += 1.0
+        fast_out, reference = both(module, q[:, :, rows], other_k, values, mask, pos)
+        torch.testing.assert_close(fast_out, reference, rtol=0, atol=1e-5)
+    both(module, q[:, :, rows], keys, values, mask, pos)
+    keys[:, :, 3] += 1.0  # the last call's own key tensor, written in place (a static cache, beam reordering)
+    fast_out, reference = both(module, q[:, :, rows], keys, values, mask, pos)
+    torch.testing.assert_close(fast_out, reference, rtol=0, atol=1e-5)
+    rotated_cache.forget(module)
+
+
+@pytest.mark.parametrize("case", ["shifted", "left-padding"])
+@pytest.mark.parametrize("name", TYPES)
+def test_gradients_equal_eager(name, case):
+    _, mask, pos = CASES[case]
+    module = module_of(name).train()
+    grads = {}
+    for implementation in ("sdpa", "eager"):
+        q, k, v = (t.requires_grad_() for t in tensors())
+        out = dispatch.attend(implementation, module, q, k, v, mask, position_ids=pos)[0]
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        valid = torch.ones(2, LENGTH, 1, 1) if mask is None else mask[:, 0].any(-1)[..., None, None].float()
+        (out * weights * valid).sum().backward()
+        grads[implementation] = (q.grad, k.grad, v.grad)
+    for fast_grad, reference in zip(grads["sdpa"], grads["eager"], strict=True):
+        torch.testing.assert_close(fast_grad, reference, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_no_dense_mask_or_full_keys_per_query_block(name, monkeypatch):
+    """Prefill of 256 tokens without a mask: no kernel call gets a mask or a score-sized tensor of q * kv
+    elements, and the near band reads at most block + window - 1 keys per call."""
+    monkeypatch.setattr(fast, "near_block", lambda window: 16)
+    monkeypatch.setattr(fast, "FAR_BLOCK", 64)
+    seen = []
+
+    def spy(kernel):
+        def call(q, k, v, *args, attn_mask=None, **kwargs):
+            seen.append((q.shape[2], k.shape[2], None if attn_mask is None else attn_mask.numel()))
+            return kernel(q, k, v, *args, attn_mask=attn_mask, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(lse, "_flash", spy(lse._flash))
+    monkeypatch.setattr(fast.F, "scaled_dot_product_attention", spy(F.scaled_dot_product_attention))
+    length = 256
+    module = module_of(name)
+    q, k, v = tensors(batch=1, q_len=length, kv=length)
+    dispatch.attend("sdpa", module, q, k, v, None, position_ids=torch.arange(length)[None])
+    assert seen, "the fast path made no kernel call"
+    assert all(m is None or m < length * length // 4 for _, _, m in seen), seen
+    if "window" in PARAMS[name]:
+        masked = [(rows, keys) for rows, keys, m in seen if m is not None]
+        assert masked and all(keys <= rows + PARAMS[name]["window"] - 1 for rows, keys in masked), masked
+
+
+def test_rotation_in_row_pieces_equals_one_piece(monkeypatch):
+    """Long keys are rotated and xPos-scaled ROWS rows at a time (bounded temporaries): bit-identical."""
+    g = torch.Generator().manual_seed(4)
+    x, pos = torch.randn(2, 3, 100, 24, generator=g), torch.arange(100)[None].expand(2, 100) * 7
+    inv_freq = 1 / 10000 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)  # partial rotary: 16 of 24 dims
+    log_scale = -torch.rand(2, 1, 100, 8, generator=g, dtype=torch.float64)
+    whole = rotation.rotate(x, pos, inv_freq), rotation.scale_pairs(x, log_scale)
+    monkeypatch.setattr(rotation, "ROWS", 7)
+    assert torch.equal(rotation.rotate(x, pos, inv_freq), whole[0])
+    assert torch.equal(rotation.scale_pairs(x, log_scale), whole[1])
