@@ -41,8 +41,8 @@ TYPES = {
     "rerope": {"rope_type": "rerope", "window": WINDOW},
     "leaky_rerope": {"rope_type": "leaky_rerope", "window": WINDOW, "factor": 16.0},
     "self_extend": {"rope_type": "self_extend", "window": WINDOW, "group_size": 8},
-    "xpos": {"rope_type": "xpos"},
-    "roper": {"rope_type": "roper"},
+    "xpos": {"rope_type": "xpos", "scale_base": 512.0},
+    "roper": {"rope_type": "roper", "value_rotary_factor": 1.0},
 }
 HEADS, KV_HEADS = 32, 8
 

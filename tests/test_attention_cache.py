@@ -14,7 +14,7 @@ PARAMS = {
     "leaky_rerope": {"window": 4, "factor": 3.0},
     "self_extend": {"window": 4, "group_size": 3},
     "xpos": {"scale_base": 8.0},
-    "roper": {},
+    "roper": {"value_rotary_factor": 1.0},
 }
 
 

@@ -31,7 +31,9 @@ BAD = [  # (rope_parameters, key named, what the message must also say); tiny co
     ({"rope_type": "leaky_rerope", "window": 8, "factor": 0.5}, "factor", ">= 1"),
     ({"rope_type": "self_extend", "window": 8, "group_size": 0}, "group_size", ">= 1"),
     ({"rope_type": "self_extend", "window": 100, "group_size": 2}, "window", "<= 64"),
-    ({"rope_type": "xpos", "gamma": 0}, "gamma", "> 0"),
+    ({"rope_type": "xpos", "scale_base": 512.0, "gamma": 0}, "gamma", "> 0"),
+    ({"rope_type": "roper", "value_rotary_factor": 1.5}, "value_rotary_factor", "0 < f <= 1"),
+    ({"rope_type": "roper", "value_rotary_factor": 0}, "value_rotary_factor", "> 0"),
     ({"rope_type": "xpos", "scale_base": -1}, "scale_base", "> 0"),
 ]
 
@@ -44,7 +46,16 @@ def test_bad_parameters_name_key_value_and_what_is_allowed(params, key, allowed)
     assert f"'{key}'" in text and repr(params[key]) in text and allowed in text
 
 
-@pytest.mark.parametrize("name, key", [("rerope", "window"), ("leaky_rerope", "factor"), ("self_extend", "group_size")])
+@pytest.mark.parametrize(
+    "name, key",
+    [
+        ("rerope", "window"),
+        ("leaky_rerope", "factor"),
+        ("self_extend", "group_size"),
+        ("xpos", "scale_base"),
+        ("roper", "value_rotary_factor"),
+    ],
+)
 def test_missing_required_parameter_is_a_key_error(name, key):
     params = {k: v for k, v in registry.example_parameters(registry.get_method(name)).items() if k != key}
     with pytest.raises(KeyError) as excinfo:

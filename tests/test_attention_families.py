@@ -27,7 +27,7 @@ PARAMS = {  # every band matters in 24 tokens
     "leaky_rerope": {"window": 5, "factor": 2.5},
     "self_extend": {"window": 5, "group_size": 3},
     "xpos": {"scale_base": 8.0, "gamma": 0.4},
-    "roper": {},
+    "roper": {"value_rotary_factor": 1.0},
 }
 # family -> config beyond conftest's TINY that makes its peculiarity matter in 24 tokens (windows of 6)
 SETUPS = {

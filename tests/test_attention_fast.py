@@ -19,7 +19,7 @@ PARAMS = {
     "leaky_rerope": {"window": 5, "factor": 2.5},
     "self_extend": {"window": 5, "group_size": 3},
     "xpos": {"scale_base": 8.0},
-    "roper": {},
+    "roper": {"value_rotary_factor": 1.0},
 }
 TYPES = sorted(PARAMS)
 LENGTH = 40

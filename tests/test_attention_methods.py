@@ -24,7 +24,7 @@ PARAMS = {
     "leaky_rerope": {"window": 5, "factor": 2.5},
     "self_extend": {"window": 5, "group_size": 3},
     "xpos": {"scale_base": 8.0, "gamma": 0.4},
-    "roper": {},
+    "roper": {"value_rotary_factor": 0.5},
 }
 SHAPES = {  # name -> (family, config overrides): GQA, MHA, explicit head_dim
     "llama-gqa": ("llama", {}),
@@ -75,9 +75,13 @@ def reference_attention(module, query, key, value, attention_mask, scaling, drop
     if allowed.dtype != torch.bool:
         allowed = allowed > torch.finfo(allowed.dtype).min / 2
     weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-    if name == "roper":
-        v1, v2 = turn(v[:, :, None, :, :h], v[:, :, None, :, h:], phi)  # v_n turned by (n - m) theta
-        out = torch.einsum("bhqk,bhqkd->bhqd", weights, torch.cat((v1, v2), -1))
+    if name == "roper":  # the first r_v = 2 floor(f d / 2) value dims, their own theta_j = b^(-2j/r_v)
+        rv = 2 * int(params["value_rotary_factor"] * dim // 2)
+        theta_v = 1.0 / params["rope_theta"] ** (torch.arange(0, rv, 2, dtype=torch.float64) / rv)
+        phi_v = -dist[..., None] * theta_v
+        v1, v2 = turn(v[:, :, None, :, : rv // 2], v[:, :, None, :, rv // 2 : rv], phi_v)  # v_n by (n - m) theta
+        rest = v[:, :, None, :, rv:].expand(*v1.shape[:-1], dim - rv)
+        out = torch.einsum("bhqk,bhqkd->bhqd", weights, torch.cat((v1, v2, rest), -1))
     else:
         out = weights @ v
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
@@ -208,7 +212,9 @@ def test_xpos_near_128k_is_finite_and_matches_float64(implementation, dtype, bou
     Bound: |attention output - float64 reference| <= bound * max|reference| per layer, on the same (rounded)
     inputs: 1e-6 in float32 (measured 1.5e-7), four bfloat16 steps 4 * 2^-8 in bfloat16 (measured 6.5e-3).
     """
-    model = tiny_model("llama", {"rope_type": "xpos"}, attn_implementation=implementation).to(dtype)
+    model = tiny_model("llama", {"rope_type": "xpos", "scale_base": 512.0}, attn_implementation=implementation).to(
+        dtype
+    )
     attention = model.model.layers[0].self_attn
     hidden = torch.randn(2, 24, 64, generator=torch.Generator().manual_seed(3)).to(dtype)
     pos = positions(24, start=131_000)

@@ -29,6 +29,8 @@ from hf_rope_ext.models import roformer
 
 MAX_POS, HEADS, HIDDEN = 16, 4, 32
 
+ROPER = {"rope_type": "roper", "value_rotary_factor": 1.0}  # RoFormer turns every value dim
+
 
 HEAD_DIM = HIDDEN // HEADS
 TINY = dict(
@@ -256,7 +258,7 @@ def test_rows_match_transformers_rotary_embedding(rope_type, length, monkeypatch
 @pytest.mark.parametrize("rope_type", FREQUENCY_TYPES + ["roper"])
 @pytest.mark.parametrize("cls", [RoFormerForMaskedLM, RoFormerForCausalLM, RoFormerForSequenceClassification])
 def test_four_times_longer_than_the_table_runs(rope_type, cls):
-    params = example(rope_type) if rope_type != "roper" else {"rope_type": "roper"}
+    params = example(rope_type) if rope_type != "roper" else ROPER
     model = build(cls, rope_parameters=params)
     out = logits(model, ids(4 * MAX_POS))
     assert torch.isfinite(out).all()
@@ -267,7 +269,7 @@ def test_four_times_longer_than_the_table_runs(rope_type, cls):
 @needs_causal_stock
 @pytest.mark.parametrize("rope_type", STATIC_TYPES + ["roper"])
 def test_decoder_prefix_equals_prefix_alone(rope_type):
-    params = example(rope_type) if rope_type != "roper" else {"rope_type": "roper"}
+    params = example(rope_type) if rope_type != "roper" else ROPER
     model = build(RoFormerForCausalLM, rope_parameters=params)
     x = ids(4 * MAX_POS)
     torch.testing.assert_close(logits(model, x)[:, :MAX_POS], logits(model, x[:, :MAX_POS]), **TOL)
@@ -286,7 +288,7 @@ def test_dynamic_types_are_stock_up_to_the_table(rope_type):
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 @pytest.mark.parametrize("rope_type", ["linear", "roper"])
 def test_kv_cache_equals_no_cache(rope_type, layout):
-    params = {"rope_type": rope_type, "factor": 2.0} if rope_type == "linear" else {"rope_type": rope_type}
+    params = {"rope_type": rope_type, "factor": 2.0} if rope_type == "linear" else ROPER
     model = build(RoFormerForCausalLM, rope_parameters=params, rope_layout=layout)
     x = ids(2 * MAX_POS + 3)
     full = logits(model, x)
@@ -345,7 +347,7 @@ def run_self_attention(encoder, hidden, past: int):
 
 
 def test_roper_attention_equals_slow_reference():
-    encoder = build(rope_parameters={"rope_type": "roper"}).roformer.encoder
+    encoder = build(rope_parameters=ROPER).roformer.encoder
     hidden = torch.randn(2, 2 * MAX_POS, HIDDEN, generator=torch.Generator().manual_seed(3))
     past = 5
     expected = roper_reference(encoder.layer[0].attention.self, hidden, torch.arange(past, past + 2 * MAX_POS))
@@ -355,7 +357,7 @@ def test_roper_attention_equals_slow_reference():
 def test_roper_is_relative_and_rotary_value_is_not():
     """RoPER's output depends on relative positions only; stock rotary_value's (values never turned back) does not."""
     hidden = torch.randn(1, MAX_POS, HIDDEN, generator=torch.Generator().manual_seed(4))
-    roper_enc = build(rope_parameters={"rope_type": "roper"}).roformer.encoder
+    roper_enc = build(rope_parameters=ROPER).roformer.encoder
     torch.testing.assert_close(
         run_self_attention(roper_enc, hidden, 0), run_self_attention(roper_enc, hidden, 9), **TOL
     )
@@ -391,7 +393,9 @@ def converted_state_dict(model) -> dict:
 
 @pytest.mark.parametrize("cls", [RoFormerForMaskedLM, RoFormerForCausalLM])
 @pytest.mark.parametrize(
-    "params", [None, {"rope_type": "linear", "factor": 2.0}, {"rope_type": "roper"}], ids=["none", "linear", "roper"]
+    "params",
+    [None, {"rope_type": "linear", "factor": 2.0}, ROPER],
+    ids=["none", "linear", "roper"],
 )
 def test_half_layout_on_converted_weights_equals_interleaved(cls, params):
     model = build(cls, rope_parameters=params, rotary_value=params is None)
@@ -421,7 +425,7 @@ def test_layout_set_on_a_live_model_takes_effect():
     [
         {"rope_parameters": {"rope_type": "ntk_by_parts", "factor": 4.0}, "rope_layout": "half"},
         {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 20000.0}},
-        {"rope_parameters": {"rope_type": "roper"}},
+        {"rope_parameters": ROPER},
     ],
     ids=["ntk_by_parts-half", "yarn-theta", "roper"],
 )
@@ -468,7 +472,8 @@ BAD_INPUT = [
     ({"rope_parameters": {"rope_type": "fake_attention_type"}}, INVALID, ["attention-level", "roper"]),
     ({"rope_parameters": {"rope_type": "ntk"}}, KeyError, ["factor"]),
     ({"rope_parameters": {"rope_type": "ntk", "factor": 0.5}}, INVALID, ["factor", "0.5", ">= 1"]),
-    ({"rope_parameters": {"rope_type": "roper", "no_such_key": 2.0}}, INVALID, ["no_such_key"]),
+    ({"rope_parameters": {**ROPER, "no_such_key": 2.0}}, INVALID, ["no_such_key"]),
+    ({"rope_parameters": {**ROPER, "value_rotary_factor": 0.5}}, INVALID, ["value_rotary_factor", "0.5", "1.0"]),
     ({"rope_layout": "sideways"}, INVALID, ["rope_layout", "sideways", "interleaved"]),
     ({"rope_theta": -1.0}, INVALID, ["rope_theta", "-1.0"]),
     ({"rope_theta": 500.0, "rope_parameters": {"rope_type": "default", "rope_theta": 600.0}}, INVALID, ["600"]),
@@ -506,7 +511,7 @@ def test_replacing_a_recorded_base_needs_rope_theta(tmp_path):
     assert roformer.rope_of(model).view.rope_parameters["rope_theta"] == 20000.0
 
 
-@pytest.mark.parametrize("params", [None, {"rope_type": "yarn", "factor": 4.0}, {"rope_type": "roper"}])
+@pytest.mark.parametrize("params", [None, {"rope_type": "yarn", "factor": 4.0}, ROPER])
 def test_convert_layout_round_trip_and_reload(tmp_path, params):
     """hf_rope_ext.convert_layout on a live RoFormer (q/k rows permuted, rope_layout recorded), saved and reloaded."""
     from hf_rope_ext import convert_layout
@@ -526,7 +531,7 @@ def test_convert_layout_round_trip_and_reload(tmp_path, params):
 def test_deepcopy_runs_the_same_and_changes_independently():
     import copy
 
-    model = build(RoFormerForCausalLM, rope_parameters={"rope_type": "roper"})
+    model = build(RoFormerForCausalLM, rope_parameters=ROPER)
     x = ids(2 * MAX_POS)
     expected = logits(model, x)
     clone = copy.deepcopy(model)

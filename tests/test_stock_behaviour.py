@@ -52,11 +52,9 @@ VALID_PARAM_MAPPING = {
     "short_factor": ["longrope"],
     "long_factor": ["longrope"],
 }
-# types a dict of rope_type and rope_theta alone describes completely: transformers' "default" and "proportional"
-# (exempted by name in its test) and the package's types whose every parameter has a default
-KEY_FREE = {"default", "proportional"} | {
-    m.name for m in registry.methods() if all(p.default is not registry.REQUIRED for p in m.params.values())
-}
+# types a dict of rope_type and rope_theta alone describes completely: transformers' "default" and "proportional",
+# exempted by name in its test; every type of the package names at least one required key
+KEY_FREE = {"default", "proportional"}
 SHAPES = [("flat", False), ("nested", True), ("nested", False)]  # transformers' (is_nested, same_rope_per_layer)
 
 

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from ..registry import Param, RopeMethod
+from ..registry import REQUIRED, Param, RopeMethod
 from . import rotated_cache
 from .kernel import Bands
 from .params import FAMILIES, check_family
@@ -98,13 +98,18 @@ METHOD = register_attention(
         kind="attention",
         frequencies=plain_rope,
         params={
-            "scale_base": Param(default=512.0, exclusive_minimum=0, help="positions per decay step s"),
+            "scale_base": Param(
+                default=REQUIRED,
+                exclusive_minimum=0,
+                help="positions per decay step s, as the model was trained with (the paper and torchscale use 512)",
+            ),
             "gamma": Param(default=0.4, exclusive_minimum=0, help="zeta_i = (2i/d + gamma)/(1 + gamma)"),
         },
         summary="xPos: RoPE scores decayed by zeta_i^((m-n)/scale_base) per pair (needs a model trained with it)",
         check=check_family,
         families=FAMILIES,
         training_free=False,
+        example={"scale_base": 512.0},
     ),
     XposScorer(),
 )

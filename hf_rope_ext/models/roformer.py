@@ -158,6 +158,11 @@ def validate_parameters(config, params: dict) -> None:
     if rope_type in registry.available_rope_types():
         # roper's own family check names the rope-registry attention modules; RoFormer runs RoPER by itself
         registry.validate(params, None if rope_type == ROPER else config)
+        if rope_type == ROPER and params.get("value_rotary_factor") != 1:
+            raise ValueError(
+                f"rope_parameters['value_rotary_factor']={params.get('value_rotary_factor')!r} is not supported by "
+                "RoFormer, whose rotary_value turns every value dim with its table: allowed 1.0"
+            )
         return
     validator = getattr(config, f"_validate_{rope_type}_rope_parameters", None)
     if validator is not None:
