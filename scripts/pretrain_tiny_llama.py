@@ -230,7 +230,11 @@ def make_batch(train: torch.Tensor, rows: torch.Tensor, code: np.ndarray, step: 
 
 def mixture_loss(model, batch: torch.Tensor, targets: torch.Tensor, n_synthetic: int, weight: float):
     """(loss, code loss, retrieval loss): the mean next-id loss over the code rows plus ``weight`` x the mean over
-    the synthetic rows' target ids (each task's tokens that only retrieval predicts)."""
+    the synthetic rows' target ids (each task's tokens that only retrieval predicts). Without synthetic rows: the
+    model's own loss, exactly as the shipped model was trained."""
+    if n_synthetic == 0:
+        loss = model(input_ids=batch, labels=batch).loss
+        return loss, loss.item(), 0.0
     logits = model(input_ids=batch).logits[:, :-1]  # (batch, length - 1, vocab); position t predicts id t + 1
     losses = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")  # (batch, length - 1)
     marks = targets[:, 1:]
