@@ -143,7 +143,9 @@ def plot_passkey_grid(records: list[dict], path, title="passkey accuracy by dept
     grids = passkey_grids(records)
     cols = min(4, len(grids))
     rows = math.ceil(len(grids) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows + 0.6), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(3.4 * cols + 1, 2.6 * rows + 0.8), squeeze=False, layout="constrained"
+    )
     for ax, (name, (depths, lengths, grid)) in zip(axes.flat, grids.items(), strict=False):
         image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
         for (d, n), v in np.ndenumerate(np.asarray(grid, dtype=float)):
