@@ -3,7 +3,9 @@
 ``run_comparison`` evaluates every applicable method (the model as saved, transformers' ``linear``, ``dynamic``,
 ``yarn``, and every training-free type of this package, attention-level ones included, found in the registry at run
 time) at s x L0 with factor s, for s in ``factors``, plus L0 itself with the smallest factor; a type without a
-``factor`` runs once over every length. The last-chunk loss is read with the largest factor at every length.
+``factor`` runs once over every length. The last-chunk loss is read with the largest factor at every length. The
+far-context loss (``eval.far_context``) is read by each method at each of its lengths on the last L0 - 1 tokens of
+the longest length's window, against the model as saved reading them through a sliding L0-token window.
 ``save_extended`` writes one patched model (config with the rope parameters), its model card and its report.
 """
 
@@ -17,6 +19,7 @@ from tqdm.auto import tqdm
 from . import outputs, registry
 from .eval import loading
 from .eval.data import load_token_documents, long_enough
+from .eval.far_context import far_context_ratio, sliding_window_baseline
 from .eval.last_chunk import last_chunk_losses
 from .eval.perplexity import CachedLosses
 from .eval.runner import EvalPlan, evaluate_model, label
@@ -66,9 +69,10 @@ def _keys(rope_type) -> dict:
 
 
 def evaluate_method(
-    path, config, tokenizer, documents, rope_type, factors, base_plan: EvalPlan, progress=True, extra=None
+    path, config, tokenizer, documents, rope_type, factors, base_plan: EvalPlan, progress=True, extra=None, far=None
 ):
-    """Records of one method over its runs, plus the last-chunk loss at every length with the largest factor."""
+    """Records of one method over its runs, plus the last-chunk loss at every length with the largest factor and,
+    with ``far`` (the sliding-window baseline loss), the far-context loss and ratio at every length of every run."""
     pretrain = loading.pretraining_length(config)
     runs = method_runs(rope_type, pretrain, factors)
     records = []
@@ -78,6 +82,9 @@ def evaluate_method(
         cache = CachedLosses()
         plan = EvalPlan(**{**base_plan.__dict__, "lengths": tuple(lengths), "last_chunk": None})
         found = evaluate_model(model, tokenizer, documents, plan, rope_type, factor, progress, cache)
+        if far is not None:
+            total = int(max(factors) * pretrain)
+            found = add_far_context(model, found, documents, total, pretrain, far, plan.documents, progress, cache)
         records += [{**r, "rope_parameters": params} for r in found]
         if factor == runs[-1][0] and base_plan.last_chunk:
             contexts = [pretrain, *(int(s * pretrain) for s in sorted(factors))]
@@ -86,6 +93,30 @@ def evaluate_method(
             )
             records = merge_last_chunk(records, chunk, label(rope_type), factor, params)
     return records
+
+
+def add_far_context(model, records, documents, total, pretrain, baseline, limit, progress, cache) -> list[dict]:
+    """``far_context_loss`` (last L0 - 1 tokens of ``total``, read with ``length`` tokens) and its ratio to the
+    sliding-window ``baseline`` added to each record."""
+    lengths = [r["length"] for r in records]
+    far = last_chunk_losses(model, documents, lengths, pretrain - 1, limit, progress, cache, total=total)
+    return [
+        {
+            **r,
+            "far_context_loss": far[n],
+            "far_context_baseline": baseline,
+            "far_context_ratio": far_context_ratio(far[n], baseline),
+        }
+        for r, n in zip(records, lengths, strict=True)
+    ]
+
+
+def far_context_baseline(path, config, documents, factors, plan: EvalPlan) -> float:
+    """The model as saved, reading the last L0 - 1 tokens of the longest window through a sliding L0 window."""
+    pretrain = loading.pretraining_length(config)
+    model = loading.load_model(path, loading.rope_parameters_for(config, None, None, None))
+    total = int(max(factors) * pretrain)
+    return sliding_window_baseline(model, documents, total, pretrain, pretrain - 1, plan.documents, plan.far_stride)
 
 
 def run_parameters(config, rope_type, factor, pretrain: int, extra: dict | None = None):
@@ -124,9 +155,10 @@ def run_comparison(path, methods=None, factors=DEFAULT_FACTORS, plan=None, data=
             run_parameters(config, rope_type, factor, pretrain, extra if rope_type is not None else None)
     tokenizer = loading.load_tokenizer(path)
     documents = long_enough(load_token_documents(tokenizer, data), int(factors[-1] * pretrain), plan.documents)
+    far = far_context_baseline(path, config, documents, factors, plan) if plan.far_context else None
     records = []
     for rope_type in tqdm(methods, desc="methods", disable=not progress):
-        records += evaluate_method(path, config, tokenizer, documents, rope_type, factors, plan, progress, extra)
+        records += evaluate_method(path, config, tokenizer, documents, rope_type, factors, plan, progress, extra, far)
     return records
 
 

@@ -1,8 +1,15 @@
-"""Pretrain the bundled tiny Llama (hf_rope_ext/bundled/tiny-llama-stdlib) on the Python standard library's source.
+"""Pretrain the bundled tiny Llama (hf_rope_ext/bundled/tiny-llama-stdlib) on the Python standard library's source
+mixed with synthetic long-range tasks that teach it to read its whole context.
 
 Seeded and deterministic for a given device: the file list is fixed in hf_rope_ext/bundled/corpus_files.txt, the
-training stream is the train split's UTF-8 bytes (ByT5 ids = byte + 3, documents separated by </s>), cut into
---seq-len windows and shuffled with --seed. AdamW with linear warm-up and cosine decay over --max-steps; the run
+code stream is the train split's UTF-8 bytes (ByT5 ids = byte + 3, documents separated by </s>), cut into
+--seq-len windows and shuffled with --seed. With --synthetic P, a fraction P of every batch's rows is replaced by
+synthetic windows (seeded per step): a pass key planted in filler (sentences or code) and asked for at the end,
+key-value lookups (a table of random digit pairs, then queries), code windows with a span copied further on,
+and code with a random string planted several times.
+Retrieval needs only induction (copy) heads; these tasks give them a dense signal. --short-len/--short-steps run
+the first steps at a shorter length (a curriculum); --init-from warm-starts from a saved model of the same shape.
+AdamW with linear warm-up and cosine decay over --max-steps; the run
 also stops at --deadline (UTC, HH:MM) and saves a usable checkpoint every --save-every steps, so a cut-short run
 still leaves a model (its card records where it stopped).
 
@@ -23,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
 
 from hf_rope_ext import bundled
@@ -45,6 +53,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-seqs", type=int, default=32, help="held-out windows scored at each save")
+    p.add_argument("--synthetic", type=float, default=0.0, help="fraction of each batch that is synthetic tasks")
+    p.add_argument("--short-len", type=int, default=None, help="sequence length of the first --short-steps steps")
+    p.add_argument("--short-steps", type=int, default=0)
+    p.add_argument("--long-every", type=int, default=10**9, help="during --short-steps, every n-th step at full length")
+    p.add_argument("--init-from", type=Path, default=None, help="warm-start from this saved model (same shape)")
+    p.add_argument("--retrieval-weight", type=float, default=1.0, help="weight of the synthetic rows' target loss")
+    p.add_argument("--passkey-keys", type=int, default=8, help="pass keys (depths 0..1) scored at 1x at each save")
     return p.parse_args(argv)
 
 
@@ -83,6 +98,162 @@ def windows(stream: np.ndarray, seq_len: int) -> torch.Tensor:
     """Non-overlapping windows of the stream; shape (n_windows, seq_len)."""
     n = len(stream) // seq_len
     return torch.from_numpy(stream[: n * seq_len].reshape(n, seq_len))
+
+
+# --- synthetic long-range tasks --------------------------------------------------------------------------------
+PASSKEY_FORMS = (  # (needle, question); the first is the evaluation's wording
+    (" The pass key is {key}. Remember it. {key} is the pass key.", " What is the pass key? The pass key is"),
+    (" The secret number is {key}. Keep it in mind.", " What is the secret number? The secret number is"),
+    ("\n# code: {key}\n", "\n# What was the code? The code is"),
+)
+TASK_LINE = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+    "I will quiz you about the important information there."
+)
+SENTENCES = (
+    " The grass is green.",
+    " The sky is blue.",
+    " The sun is yellow.",
+    " Here we go.",
+    " There and back again.",
+)
+
+
+def ids_of(text: str) -> np.ndarray:
+    """ByT5 ids of ``text`` (UTF-8 bytes + 3); shape (n,), int64."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64) + BYTE_OFFSET
+
+
+def filler(rng: np.random.Generator, code: np.ndarray, n: int) -> np.ndarray:
+    """``n`` filler ids: the evaluation's sentences cycled from a random one, or a random stretch of code."""
+    if rng.random() < 0.5:
+        order = rng.permutation(len(SENTENCES)) if rng.random() < 0.5 else np.arange(len(SENTENCES))
+        cycle = np.concatenate([ids_of(SENTENCES[i]) for i in order])
+        reps = np.tile(cycle, n // len(cycle) + 2)
+        start = rng.integers(len(cycle))
+        return reps[start : start + n]
+    start = rng.integers(len(code) - n)
+    return code[start : start + n]
+
+
+def passkey_window(rng: np.random.Generator, code: np.ndarray, length: int):
+    """[task line?][filler .. needle .. filler][question][ " key"]: exactly ``length`` ids, the key 3-7 digits.
+    Returns (ids, targets): targets marks the answer's digits, the ids only retrieval predicts; both (length,)."""
+    key = str(rng.integers(10 ** (digits := rng.integers(3, 8)) // 10, 10**digits))
+    needle, question = PASSKEY_FORMS[rng.choice(3, p=[0.6, 0.25, 0.15])]
+    head = ids_of(TASK_LINE) if rng.random() < 0.5 and length >= 400 else ids_of("")
+    parts = [ids_of(needle.format(key=key)), ids_of(question), ids_of(" " + key)]
+    n_fill = length - len(head) - sum(len(x) for x in parts)
+    fill = filler(rng, code, n_fill)
+    cut = rng.integers(n_fill + 1)
+    ids = np.concatenate([head, fill[:cut], parts[0], fill[cut:], *parts[1:]])
+    targets = np.zeros(length, dtype=bool)
+    targets[length - len(key) :] = True
+    return ids, targets
+
+
+def lookup_window(rng: np.random.Generator, length: int):
+    """Key-value lookup: "kkk=vvvvv;" pairs, a newline, then "kkk=vvvvv;" queries of earlier pairs, to ``length``.
+    Targets: the queries' values."""
+    n_pairs = int(length * rng.uniform(0.3, 0.6)) // 10
+    keys = rng.choice(900, n_pairs, replace=False) + 100
+    values = rng.integers(10000, 100000, n_pairs)
+    pairs = [f"{k}={v};" for k, v in zip(keys, values, strict=True)]
+    table = ids_of("".join(pairs) + "\n")
+    queries = ids_of("".join(pairs[i] for i in rng.integers(n_pairs, size=length // 10 + 1)))
+    in_value = np.tile(np.array([False] * 4 + [True] * 5 + [False]), len(queries) // 10)  # "kkk=" vvvvv ";"
+    targets = np.concatenate([np.zeros(len(table), dtype=bool), in_value])
+    return np.concatenate([table, queries])[:length], targets[:length]
+
+
+def copy_window(rng: np.random.Generator, code: np.ndarray, length: int):
+    """A code window with a 16-128 id span (at most a quarter of ``length``) of its first half copied to a random
+    later place. Targets: the copy after its first id."""
+    start = rng.integers(len(code) - length)
+    w = code[start : start + length].copy()
+    span = int(rng.integers(16, min(129, length // 4)))
+    src = int(rng.integers(0, length // 2 - span + 1))
+    dst = int(rng.integers(src + span, length - span + 1))
+    w[dst : dst + span] = w[src : src + span]
+    targets = np.zeros(length, dtype=bool)
+    targets[dst + 1 : dst + span] = True
+    return w, targets
+
+
+PRINTABLE = np.arange(33, 127, dtype=np.int64) + BYTE_OFFSET  # ids of the printable ASCII bytes
+
+
+def repeat_window(rng: np.random.Generator, code: np.ndarray, length: int):
+    """Code with one random printable string (8-48 ids, at most length / 8) planted 3-6 times at random places:
+    after its first occurrence, a string only induction (find the earlier copy, read what followed) can predict.
+    Targets: the later occurrences after their first id."""
+    start = rng.integers(len(code) - length)
+    w = code[start : start + length].copy()
+    k = int(rng.integers(8, min(49, length // 8 + 1)))
+    planted = rng.choice(PRINTABLE, k)
+    n = int(rng.integers(3, 7))
+    slots = np.sort(rng.choice(length // k, n, replace=False)) * k  # non-overlapping places
+    targets = np.zeros(length, dtype=bool)
+    for i, at in enumerate(slots):
+        w[at : at + k] = planted
+        targets[at + 1 : at + k] = i > 0
+    return w, targets
+
+
+TASKS = (  # (weight, builder(rng, code, length) -> (ids, targets))
+    (0.3, passkey_window),
+    (0.15, lambda rng, code, length: lookup_window(rng, length)),
+    (0.2, copy_window),
+    (0.35, repeat_window),
+)
+
+
+def synthetic_window(rng: np.random.Generator, code: np.ndarray, length: int):
+    """One synthetic window, a task drawn with the TASKS weights: (ids, targets), both (length,); targets marks the
+    ids that only retrieval from earlier in the window predicts."""
+    kind = rng.choice(len(TASKS), p=[w for w, _ in TASKS])
+    return TASKS[kind][1](rng, code, length)
+
+
+def make_batch(train: torch.Tensor, rows: torch.Tensor, code: np.ndarray, step: int, length: int, args):
+    """(batch, targets), both (batch_size, length): rows ``rows`` of the code windows cut to ``length``, the first
+    round(--synthetic x batch size) replaced by seeded synthetic windows; targets is True on every id of a code row
+    and on the retrieval targets of a synthetic row."""
+    batch = train[rows][:, :length].clone()
+    targets = torch.ones_like(batch, dtype=torch.bool)
+    rng = np.random.default_rng([args.seed, step])
+    for i in range(int(round(args.synthetic * len(batch)))):
+        ids, marks = synthetic_window(rng, code, length)
+        batch[i], targets[i] = torch.from_numpy(ids), torch.from_numpy(marks)
+    return batch, targets
+
+
+def mixture_loss(model, batch: torch.Tensor, targets: torch.Tensor, n_synthetic: int, weight: float):
+    """(loss, code loss, retrieval loss): the mean next-id loss over the code rows plus ``weight`` x the mean over
+    the synthetic rows' target ids (each task's tokens that only retrieval predicts). Without synthetic rows: the
+    model's own loss, exactly as the shipped model was trained."""
+    if n_synthetic == 0:
+        loss = model(input_ids=batch, labels=batch).loss
+        return loss, loss.item(), 0.0
+    logits = model(input_ids=batch).logits[:, :-1]  # (batch, length - 1, vocab); position t predicts id t + 1
+    losses = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")  # (batch, length - 1)
+    marks = targets[:, 1:]
+    code = losses[n_synthetic:].mean() if n_synthetic < len(batch) else losses.new_zeros(())
+    retrieval = losses[:n_synthetic][marks[:n_synthetic]].mean() if n_synthetic else losses.new_zeros(())
+    return code + weight * retrieval, code.item(), retrieval.item()
+
+
+@torch.no_grad()
+def passkey_at_1x(model, tokenizer, length: int, keys: int) -> float:
+    """Teacher-forced passkey accuracy of the evaluation harness at ``length``, ``keys`` depths over [0, 1]."""
+    from hf_rope_ext.eval.passkey import passkey_accuracy
+
+    if keys <= 0:
+        return float("nan")
+    model.eval()
+    acc = passkey_accuracy(model, tokenizer, length, depths=keys, generate=False, seed=123, progress=False)
+    model.train()
+    return acc["passkey_accuracy"]
 
 
 def lr_at(step: int, args) -> float:
@@ -166,23 +337,41 @@ def model_card(s: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def build_model(args, vocab_size: int):
+    """A fresh model of the bundled shape, or the --init-from model (warm start)."""
+    if args.init_from is None:
+        return LlamaForCausalLM(model_config(args.seq_len, vocab_size))
+    return LlamaForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
+
+
+def make_optimizer(model, args) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+    )
+
+
+def length_at(step: int, args) -> int:
+    """--short-len for the first --short-steps steps, but every --long-every-th of them at --seq-len."""
+    short = args.short_len and step < args.short_steps and (step + 1) % args.long_every != 0
+    return args.short_len if short else args.seq_len
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     stop_at = deadline_ts(args.deadline)
     tokenizer = ByT5Tokenizer()
-    train = windows(token_stream("train"), args.seq_len)
+    code = token_stream("train")
+    train = windows(code, args.seq_len)
     eval_w = windows(token_stream("eval"), args.seq_len)
     eval_w = eval_w[torch.linspace(0, len(eval_w) - 1, args.eval_seqs).long()]
-    model = LlamaForCausalLM(model_config(args.seq_len, len(tokenizer))).to(args.device)
+    model = build_model(args, len(tokenizer)).to(args.device)
     n_params = sum(p.numel() for p in model.parameters())
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(0.9, 0.95),
-    )
+    opt = make_optimizer(model, args)
     order = batch_order(len(train), args.max_steps, args.batch_size, args.seed)
     summary = {
         "parameters": n_params,
@@ -190,38 +379,56 @@ def main(argv=None) -> int:
         "train_files": len(bundled.corpus_files("train")),
         "eval_files": len(bundled.corpus_files("eval")),
         "train_tokens": int(train.numel()),
-        "command": "OMP_NUM_THREADS=2 PYTHONPATH=. python "
+        "command": "OMP_NUM_THREADS=1 PYTHONPATH=. python "
         + " ".join(["scripts/pretrain_tiny_llama.py", *sys.argv[1:]]),
         **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "history": [],
     }
     print(f"params {n_params:,}  train windows {len(train)}  eval windows {len(eval_w)}", flush=True)
-    start, recent = time.time(), []
+    start, recent, recent_retrieval, tokens = time.time(), [], [], 0
     model.train()
     for step in range(args.max_steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args)
-        batch = train[order[step]].to(args.device)
-        loss = model(input_ids=batch, labels=batch).loss
+        batch, targets = make_batch(train, order[step], code, step, length_at(step, args), args)
+        n_syn = int(round(args.synthetic * len(batch)))
+        loss, code_loss, retrieval_loss = mixture_loss(
+            model, batch.to(args.device), targets.to(args.device), n_syn, args.retrieval_weight
+        )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        recent = (recent + [loss.item()])[-args.log_every :]
+        recent = (recent + [code_loss])[-args.log_every :]
+        recent_retrieval = (recent_retrieval + [retrieval_loss])[-args.log_every :]
+        tokens += batch.numel()
         done = step + 1
         out_of_time = time.time() >= stop_at
         if done % args.log_every == 0:
-            rate = done * args.batch_size * args.seq_len / (time.time() - start)
-            print(f"step {done} loss {np.mean(recent):.4f} lr {lr_at(step, args):.2e} tok/s {rate:.0f}", flush=True)
+            rate = tokens / (time.time() - start)
+            print(
+                f"step {done} code loss {np.mean(recent):.4f} retrieval {np.mean(recent_retrieval):.4f} "
+                f"lr {lr_at(step, args):.2e} tok/s {rate:.0f}",
+                flush=True,
+            )
         if done % args.save_every == 0 or done == args.max_steps or out_of_time:
             summary.update(
                 step=done,
-                tokens_seen=done * args.batch_size * args.seq_len,
+                tokens_seen=tokens,
                 train_loss=float(np.mean(recent)),
+                retrieval_loss=float(np.mean(recent_retrieval)),
                 eval_loss=held_out_loss(model, eval_w, args.device),
+                passkey_1x=passkey_at_1x(model, tokenizer, args.seq_len, args.passkey_keys),
                 elapsed_s=time.time() - start,
             )
+            summary["history"].append(
+                {k: summary[k] for k in ("step", "eval_loss", "retrieval_loss", "passkey_1x", "elapsed_s")}
+            )
             save(model, tokenizer, args.out, summary, args)
-            print(f"saved step {done}: eval loss {summary['eval_loss']:.4f}", flush=True)
+            print(
+                f"saved step {done}: eval loss {summary['eval_loss']:.4f} passkey@1x {summary['passkey_1x']:.2f}",
+                flush=True,
+            )
         if out_of_time:
             print("deadline reached, stopping", flush=True)
             break

@@ -7,6 +7,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import ByT5Tokenizer
@@ -46,13 +47,46 @@ def test_bad_split_is_an_error():
         bundled.corpus_files("dev")
 
 
-def test_pretraining_ids_are_the_tokenizers_ids():
+def pretrain_script():
     spec = importlib.util.spec_from_file_location("pretrain", ROOT / "scripts" / "pretrain_tiny_llama.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_pretraining_ids_are_the_tokenizers_ids():
+    script = pretrain_script()
     text = "def f(x):\n    return x  # é ≥ 🙂\n"
     ids = torch.from_numpy(script.token_stream_of([text]))
     assert ids.tolist() == ByT5Tokenizer()(text)["input_ids"]  # the bytes + 3, then </s>
+
+
+def test_synthetic_windows_have_the_length_and_ask_for_what_they_planted():
+    script = pretrain_script()
+    code = script.token_stream_of(["def f(x):\n    return x + 1\n" * 200])
+    tokenizer = ByT5Tokenizer()
+    for seed in range(40):
+        for length in (128, 512):
+            rng = np.random.default_rng(seed)
+            ids, targets = script.synthetic_window(rng, code, length)
+            assert len(ids) == len(targets) == length and targets.any()
+            ids, targets = script.passkey_window(np.random.default_rng(seed), code, length)
+            text = tokenizer.decode(ids)
+            key = text.rsplit(" ", 1)[-1]  # the answer: the last word
+            assert key.isdigit() and 3 <= len(key) <= 7 and text.count(key) >= 2  # planted before, asked at the end
+            assert tokenizer.decode(ids[targets]) == key  # the targets are the answer's digits
+
+
+def test_synthetic_batches_are_seeded_per_step():
+    script = pretrain_script()
+    code = script.token_stream_of(["x = 1\n" * 2000])
+    windows = script.windows(code, 256)
+    args = script.parse_args(["--synthetic", "0.5", "--seed", "3"])
+    rows = torch.arange(4)
+    first, targets = script.make_batch(windows, rows, code, 7, 256, args)
+    assert torch.equal(first, script.make_batch(windows, rows, code, 7, 256, args)[0])
+    assert not torch.equal(first, script.make_batch(windows, rows, code, 8, 256, args)[0])
+    assert torch.equal(first[2:], windows[2:4]) and targets[2:].all()  # the rest of the batch is code, all scored
 
 
 @pytest.fixture(scope="module")

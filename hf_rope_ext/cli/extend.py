@@ -1,9 +1,11 @@
-"""``hf-rope-ext extend``: the main job. With no arguments: the bundled model, every applicable rope type at 2x, 4x
-and 8x its pretraining length, a table, a perplexity-against-length plot and a JSON report. With ``--rope-type T
---factor F --out DIR``: also save the patched model with its model card."""
+"""``hf-rope-ext extend``: the main job. With no arguments: the bundled model, every applicable rope type at 1x, 2x,
+4x and 8x its pretraining length; tables (perplexity, far-context loss against the sliding-window baseline, passkey
+accuracy), a perplexity-against-length plot, a passkey heatmap grid (depth x length per method) and a JSON report.
+With ``--rope-type T --factor F --out DIR``: also save the patched model with its model card."""
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 
@@ -34,7 +36,14 @@ def add_parser(subparsers, name):
         "--last-chunk", type=non_negative_int, default=128, help="chunk size for last-chunk loss (0: skip)"
     )
     parser.add_argument(
-        "--passkey-depths", type=non_negative_int, default=0, help="passkey depths per length (default 0: skip)"
+        "--passkey-depths", type=non_negative_int, default=5, help="passkey depths per length (default 5; 0: skip)"
+    )
+    parser.add_argument("--passkey-trials", type=positive_int, default=1, help="pass keys per depth (default 1)")
+    parser.add_argument(
+        "--far-stride",
+        type=positive_int,
+        default=16,
+        help="sliding-window baseline stride (default 16; 1: exact)",
     )
     parser.add_argument("--generate", action="store_true", help="passkey by greedy generation too (slower)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (also when stderr is no terminal)")
@@ -66,7 +75,10 @@ def run(args) -> int:
         documents=args.documents,
         last_chunk=args.last_chunk or None,
         passkey_depths=args.passkey_depths,
+        passkey_trials=args.passkey_trials,
         generate=args.generate,
+        far_context=True,
+        far_stride=args.far_stride,
     )
     records = extend.run_comparison(path, methods, factor_list(args), plan, args.data, not args.no_progress, extra)
     out = extend.prepare_out_dir(target, args.overwrite, flag, writes_card=args.out is not None)
@@ -76,6 +88,9 @@ def run(args) -> int:
     pretrain = loading.pretraining_length(loading_config(path))
     plot = report.plot_perplexity(records, out / "perplexity.png", pretrain, title=f"{path.name}: perplexity vs length")
     print(f"report: {report.write_json(records, out / 'report.json')}\nplot: {plot}")
+    if args.passkey_depths:
+        print(f"passkey heatmaps: {report.plot_passkey_grid(records, out / 'passkey.png', passkey_title(path))}")
+    print(f"report.md: {out / 'report.md'}")
     if args.out is not None:
         chosen = [r for r in records if r["rope_type"] in (args.rope_type, "none") and "perplexity" in r]
         card = extend.save_extended(path, args.rope_type, args.factor, out, chosen, plot.name, extra)
@@ -85,17 +100,76 @@ def run(args) -> int:
 
 
 def tables(records, args) -> str:
-    """The Markdown tables of the comparison: perplexity, last-chunk loss, passkey accuracy, length across."""
+    """The Markdown report: what was run (model, documents, date, command), then the tables, length across."""
     from ..eval import report
 
-    parts = ["Perplexity (at s x L0 the method runs with factor s; at L0 with the smallest factor):", ""]
+    parts = [
+        header(records, args),
+        "Perplexity (at s x L0 the method runs with factor s; at L0 with the smallest factor):",
+        "",
+    ]
     parts += [report.pivot_table(records, "perplexity"), ""]
+    if any("far_context_ratio" in r for r in records):
+        parts += [far_context_intro(records), "", report.pivot_table(records, "far_context_ratio"), ""]
     if args.last_chunk:
         parts += [f"Loss on the last {args.last_chunk} tokens as the context grows (largest factor):", ""]
         parts += [report.pivot_table(records, "last_chunk_loss"), ""]
     if args.passkey_depths:
-        parts += ["Passkey accuracy (teacher-forced):", "", report.pivot_table(records, "passkey_accuracy"), ""]
+        parts += [
+            f"Passkey accuracy (teacher-forced; {args.passkey_depths} depths x {args.passkey_trials} keys per cell):",
+            "",
+            report.pivot_table(records, "passkey_accuracy"),
+            "",
+        ]
     return "\n".join(parts)
+
+
+def header(records, args) -> str:
+    """Model, documents, date and the command line, as the report's first lines."""
+    from .. import bundled
+
+    model = args.model or f"{bundled.default_model_path()} (bundled)"
+    data = "the bundled eval split (stdlib files)" if args.data is None else ", ".join(args.data)
+    counts = sorted({r["documents"] for r in records if "documents" in r})
+    return "\n".join(
+        [
+            "# hf-rope-ext extend",
+            "",
+            f"- model: `{model}`",
+            f"- documents: {'/'.join(map(str, counts)) or '-'} per length, the first long enough for the longest "
+            f"length in file order, from {data}",
+            f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+            f"- command (equivalent): `{command_line(args)}`",
+            "",
+        ]
+    )
+
+
+def command_line(args) -> str:
+    """An ``hf-rope-ext extend`` command line that repeats this run (every measure's option spelled out)."""
+    words = ["hf-rope-ext", "extend"] + (["--model", str(args.model)] if args.model else [])
+    if args.rope_type is not None:
+        words += ["--rope-type", args.rope_type] + ([] if args.factor is None else ["--factor", f"{args.factor:g}"])
+        words += [w for p in args.rope_param for w in ("--rope-param", p)]
+    if args.factor is None:
+        words += ["--factors", args.factors]
+    words += [] if args.data is None else ["--data", *args.data]
+    for option in ("documents", "last_chunk", "passkey_depths", "passkey_trials", "far_stride"):
+        words += ["--" + option.replace("_", "-"), str(getattr(args, option))]
+    return shlex.join(words + (["--generate"] if args.generate else []))
+
+
+def far_context_intro(records) -> str:
+    base = next(r["far_context_baseline"] for r in records if "far_context_baseline" in r)
+    return (
+        "Far-context perplexity ratio: loss on the last L0 - 1 tokens of the longest window, read with N tokens of "
+        "context, against the model as saved reading the same tokens through a sliding L0-token window "
+        f"(baseline loss {base:.4f} nats); exp(loss - baseline), below 1 only where the longer context helps:"
+    )
+
+
+def passkey_title(path) -> str:
+    return f"{Path(path).name}: passkey accuracy (teacher-forced) by depth and length"
 
 
 def loading_config(path):

@@ -1,7 +1,9 @@
-"""Evaluation of long-context behaviour: perplexity of truncated documents, last-chunk loss, passkey retrieval,
-needle in a haystack, and reports (Markdown table, JSON records, plots)."""
+"""Evaluation of long-context behaviour: perplexity of truncated documents, last-chunk loss, far-context loss
+against a sliding-window baseline, passkey retrieval, needle in a haystack, and reports (Markdown table, JSON
+records, plots)."""
 
 from .data import load_token_documents, resolve_files
+from .far_context import far_context_ratio, sliding_window_baseline, sliding_window_losses
 from .last_chunk import last_chunk_losses
 from .loading import load_model, load_tokenizer, parse_rope_params, rope_parameters_for
 from .needle import needle_grid
@@ -15,6 +17,7 @@ __all__ = [
     "compose",
     "evaluate",
     "evaluate_model",
+    "far_context_ratio",
     "last_chunk_losses",
     "load_model",
     "load_token_documents",
@@ -28,6 +31,8 @@ __all__ = [
     "plot_perplexity",
     "resolve_files",
     "rope_parameters_for",
+    "sliding_window_baseline",
+    "sliding_window_losses",
     "token_losses",
     "tokenize_pieces",
     "truncated_perplexity",

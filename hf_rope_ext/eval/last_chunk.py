@@ -14,12 +14,17 @@ from .data import long_enough
 from .perplexity import token_losses
 
 
-def last_chunk_losses(model, documents, contexts, chunk: int = 128, limit=None, progress=True, losses_fn=None) -> dict:
-    """{context: mean loss on the final ``chunk`` tokens} for each context length in ``contexts``."""
+def last_chunk_losses(
+    model, documents, contexts, chunk: int = 128, limit=None, progress=True, losses_fn=None, total=None
+) -> dict:
+    """{context: mean loss on the final ``chunk`` tokens} for each context length in ``contexts``; the documents'
+    first ``total`` tokens (default: the longest context) hold the chunk."""
     losses_fn = losses_fn or token_losses
     if min(contexts) <= chunk:
         raise ValueError(f"contexts={contexts}: every context must be longer than chunk={chunk}")
-    total = max(contexts)
+    total = total or max(contexts)
+    if max(contexts) > total:
+        raise ValueError(f"contexts={contexts}: every context must be at most total={total}")
     docs = [doc[:total] for doc in long_enough(documents, total, limit)]
     results = {}
     for context in tqdm(sorted(contexts), desc="last chunk", disable=not progress, leave=False):

@@ -133,7 +133,8 @@ def passkey_accuracy(
     sentences=FILLER,
     progress=True,
 ) -> dict:
-    """Accuracy over ``depths`` uniformly spread needle depths x ``trials`` pass keys at one ``length``."""
+    """Accuracy over ``depths`` uniformly spread needle depths x ``trials`` pass keys at one ``length``, overall
+    (``passkey_accuracy``, teacher-forced) and per depth (``passkey_by_depth``: [[depth, accuracy], ...])."""
     keys = passkeys(depths * trials, seed)  # a different key for every sample
     grid = [(depth, keys[i * trials + t]) for i, depth in enumerate(spread_depths(depths)) for t in range(trials)]
     forced, generated = [], []
@@ -142,10 +143,20 @@ def passkey_accuracy(
         forced.append(teacher_forced_hit(model, sample))
         if generate:
             generated.append(generation_hit(model, sample))
-    result = {"passkey_accuracy": sum(forced) / len(forced), "passkey_samples": len(forced)}
+    result = {
+        "passkey_accuracy": sum(forced) / len(forced),
+        "passkey_samples": len(forced),
+        "passkey_by_depth": by_depth([depth for depth, _ in grid], forced),
+    }
     if generate:
         result["passkey_generation_accuracy"] = sum(generated) / len(generated)
     return result
+
+
+def by_depth(depths: list[float], hits: list[bool]) -> list[list[float]]:
+    """[[requested depth, accuracy over its trials], ...] in order of depth."""
+    levels = sorted(set(depths))
+    return [[d, sum(h for x, h in zip(depths, hits, strict=True) if x == d) / depths.count(d)] for d in levels]
 
 
 def depth_error_bound(pieces, length: int) -> float:

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+
 COLUMNS = (
     "rope_type",
     "factor",
@@ -14,7 +16,11 @@ COLUMNS = (
     "last_chunk_loss",
     "passkey_accuracy",
     "passkey_generation_accuracy",
+    "far_context_loss",
+    "far_context_ratio",
 )
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
+LINESTYLES = ("-", "--", "-.", ":")
 
 
 NICE_TICKS = [m * 10**e for e in range(-1, 6) for m in (1, 1.5, 2, 3, 4, 5, 6, 8)]  # log-axis labels
@@ -64,16 +70,42 @@ def _pyplot():
     return plt
 
 
+def log_ticks(low: float, high: float) -> list[float]:
+    """Labelled ticks for a log axis over [low, high]: the NICE_TICKS inside, or when fewer than three fall inside
+    (a narrow range), five evenly spaced values rounded to the fewest significant digits (3 or more) that keep
+    them apart."""
+    ticks = [t for t in NICE_TICKS if low <= t <= high]
+    if len(ticks) >= 3:
+        return ticks
+    even = [low + (high - low) * k / 4 for k in range(5)]
+    digits = next((d for d in range(3, 16) if len({f"{v:.{d}g}" for v in even}) == 5), 16)
+    return [float(f"{v:.{digits}g}") for v in even]
+
+
+def style(i: int) -> dict:
+    """Line style of the i-th series: colour, marker and dash pattern all cycle, and markers shrink with i (hollow),
+    so a series drawn over an identical one leaves the earlier one's larger marker visible around it."""
+    import matplotlib.pyplot as plt
+
+    return {
+        "color": plt.get_cmap("tab10")(i % 10),
+        "marker": MARKERS[i % len(MARKERS)],
+        "linestyle": LINESTYLES[i % len(LINESTYLES)],
+        "markersize": max(4.0, 11.0 - 0.6 * i),
+        "markerfacecolor": "none",
+        "markeredgewidth": 1.5,
+        "linewidth": 1.4,
+    }
+
+
 def plot_perplexity(records: list[dict], path, pretraining_length: int | None = None, title=None) -> Path:
     """Perplexity against length (both log scale), one line per rope_type."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     names = list(dict.fromkeys(r["rope_type"] for r in records if "perplexity" in r))
-    colors = plt.get_cmap("tab20")(range(len(names)))
     for i, name in enumerate(names):
         rows = sorted((r["length"], r["perplexity"]) for r in records if r["rope_type"] == name and "perplexity" in r)
-        style = ("-", "--", ":")[i // 10 % 3]
-        ax.plot([x for x, _ in rows], [y for _, y in rows], marker="o", linestyle=style, color=colors[i], label=name)
+        ax.plot([x for x, _ in rows], [y for _, y in rows], label=name, **style(i))
     if pretraining_length:
         ax.axvline(pretraining_length, color="grey", linestyle="--", linewidth=1, label="pretraining length")
     lengths = sorted({r["length"] for r in records if "perplexity" in r})
@@ -81,12 +113,57 @@ def plot_perplexity(records: list[dict], path, pretraining_length: int | None = 
     ax.set_yscale("log")
     ax.minorticks_off()
     ax.set_xticks(lengths, labels=[str(x) for x in lengths])
-    low, high = ax.get_ylim()
-    ticks = [t for t in NICE_TICKS if low <= t <= high]
+    ticks = log_ticks(*ax.get_ylim())
     ax.set_yticks(ticks, labels=[f"{t:g}" for t in ticks])
-    ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity (log scale)", title=title or "")
+    title = title or "perplexity of truncated documents against length"
+    ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity (log scale)", title=title)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return _save(fig, plt, path)
+
+
+def passkey_grids(records: list[dict]) -> dict:
+    """{rope_type: (depths, lengths, grid)} from the records' ``passkey_by_depth``; grid[d][l] is the accuracy at
+    depth d and length l (NaN where not measured)."""
+    grids = {}
+    for name in dict.fromkeys(r["rope_type"] for r in records if "passkey_by_depth" in r):
+        rows = {
+            r["length"]: dict(map(tuple, r["passkey_by_depth"]))
+            for r in records
+            if r["rope_type"] == name and "passkey_by_depth" in r
+        }
+        lengths = sorted(rows)
+        depths = sorted({d for row in rows.values() for d in row})
+        grids[name] = (depths, lengths, [[rows[n].get(d, math.nan) for n in lengths] for d in depths])
+    return grids
+
+
+def plot_passkey_grid(records: list[dict], path, title="passkey accuracy by depth and length") -> Path:
+    """One heatmap per rope_type (depth down, length across, accuracy in the cells), in a grid of panels."""
+    plt = _pyplot()
+    grids = passkey_grids(records)
+    cols = min(4, len(grids))
+    rows = math.ceil(len(grids) / cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(3.4 * cols + 1, 2.6 * rows + 0.8), squeeze=False, layout="constrained"
+    )
+    for ax, (name, (depths, lengths, grid)) in zip(axes.flat, grids.items(), strict=False):
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        for (d, n), v in np.ndenumerate(np.asarray(grid, dtype=float)):
+            ax.text(n, d, "-" if math.isnan(v) else f"{v:.0%}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(lengths)), labels=[str(x) for x in lengths], fontsize=7)
+        ax.set_yticks(range(len(depths)), labels=[f"{d:.0%}" for d in depths], fontsize=7)
+        ax.set_title(name, fontsize=9)
+    for ax in list(axes.flat)[len(grids) :]:
+        ax.axis("off")
+    fig.supxlabel("context length (tokens)")
+    fig.supylabel("pass key depth")
+    fig.suptitle(title)
+    fig.colorbar(image, ax=axes, label="accuracy", shrink=0.8)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def plot_heatmap(grid, depths, lengths, path, title="needle in a haystack") -> Path:

@@ -26,6 +26,8 @@ class EvalPlan:
     passkey_trials: int = 1
     generate: bool = True  # passkey by greedy generation too
     seed: int = 0
+    far_context: bool = False  # main job only: far-context loss against the sliding-window baseline
+    far_stride: int = 16  # the baseline's window stride (1: exact, every token sees L0 - 1 tokens)
 
     def __post_init__(self):
         if not self.lengths or any(int(x) != x or x < 2 for x in self.lengths):
