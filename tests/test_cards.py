@@ -26,7 +26,11 @@ def tiny_config(rope_parameters=None) -> LlamaConfig:
 
 def params_for(method) -> dict:
     """Valid rope_parameters of a registry method: its defaults, 2 for required keys."""
-    required = {k: (2 if spec.kind == "int" else 2.0) for k, spec in method.params.items() if spec.default is REQUIRED}
+    required = {
+        k: method.example.get(k, 2 if spec.kind == "int" else 2.0)
+        for k, spec in method.params.items()
+        if spec.default is REQUIRED
+    }
     return {"rope_type": method.name, "rope_theta": 10000.0, **required}
 
 

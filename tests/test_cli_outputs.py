@@ -50,7 +50,8 @@ def test_extend_overwrite_keeps_the_users_files(docs_dir, tmp_path, capsys):  # 
     out = tmp_path / "extended"
     write(out, {"notes.md": "my notes", "README.md": "# my own readme\n"})
     argv = ["extend", "--model", str(model), "--rope-type", "ntk", "--factor", "2", "--out", str(out)]
-    argv += ["--data", str(docs_dir), "--documents", "1", "--last-chunk", "0", "--no-progress", "--overwrite"]
+    argv += ["--data", str(docs_dir), "--documents", "1", "--last-chunk", "0", "--passkey-depths", "0"]
+    argv += ["--no-progress", "--overwrite"]
     assert main(argv) == 2  # the user's README.md is where the card goes: refused before any work
     assert "its README.md was not written by hf-rope-ext" in capsys.readouterr().err
     (out / "README.md").rename(out / "MY_README.md")

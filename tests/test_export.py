@@ -64,11 +64,11 @@ def tiny_config(family: str, rope_parameters: dict, **extra):
 
 
 def params_for(method) -> dict:
-    """The method's parameters: factor 4 where it takes one, 2 for any other required key."""
+    """The method's parameters: factor 4 where it takes one, its example (else 2) for any other required key."""
     params = {"rope_type": method.name}
     for key, spec in method.params.items():
         if key == "factor" or spec.default is REQUIRED:
-            params[key] = 4.0 if key == "factor" else (2 if spec.kind == "int" else 2.0)
+            params[key] = 4.0 if key == "factor" else method.example.get(key, 2 if spec.kind == "int" else 2.0)
     return params
 
 

@@ -347,7 +347,14 @@ def test_extended_config_for_every_type(base, rope_type):
     Path(base, "x").exists()  # the base folder is left as it was
 
 
-REQUIRED_VALUES = {"window": 8, "group_size": 2, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+REQUIRED_VALUES = {
+    "window": 8,
+    "group_size": 2,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "scale_base": 512.0,
+    "value_rotary_factor": 1.0,
+}
 
 
 BUILTINS = ["linear", "yarn", "dynamic", "llama3", "longrope"]

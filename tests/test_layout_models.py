@@ -138,7 +138,7 @@ def _registry_params(method) -> dict:
     params = {"rope_type": method.name, "rope_theta": 10000.0}
     for key, spec in method.params.items():
         if spec.default is REQUIRED:
-            params[key] = 2.0 if spec.kind == "number" else 8
+            params[key] = method.example.get(key, 2.0 if spec.kind == "number" else 8)
     return params
 
 

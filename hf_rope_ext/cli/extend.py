@@ -152,7 +152,7 @@ def command_line(args) -> str:
         words += ["--rope-type", args.rope_type] + ([] if args.factor is None else ["--factor", f"{args.factor:g}"])
         words += [w for p in args.rope_param for w in ("--rope-param", p)]
     if args.factor is None:
-        words += ["--factors", args.factors]
+        words += ["--factors", ",".join(f"{f:g}" for f in args.factors)]
     words += [] if args.data is None else ["--data", *args.data]
     for option in ("documents", "last_chunk", "passkey_depths", "passkey_trials", "far_stride"):
         words += ["--" + option.replace("_", "-"), str(getattr(args, option))]
