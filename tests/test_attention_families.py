@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import TINY
 from huggingface_hub.errors import StrictDataclassError
+from test_attention_methods import distance, turn  # the pair-by-pair distances and turns of each method
 from transformers import AutoConfig, AutoModelForCausalLM, RoFormerConfig, RoFormerForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
@@ -114,25 +115,6 @@ def family_rotates(module) -> bool:
     if config.model_type == "exaone4":
         return config.sliding_window is None or config.layer_types[module.layer_idx] == "sliding_attention"
     return True
-
-
-def distance(name: str, params: dict, m: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """The relative distance each method gives a query at m and a key at n (float64)."""
-    d = m - n
-    if name == "rerope":
-        return torch.clamp(d, max=params["window"])
-    if name == "leaky_rerope":
-        w, f = params["window"], params["factor"]
-        return torch.where(d < w, d, w + (d - w) / f)
-    if name == "self_extend":
-        w, g = params["window"], params["group_size"]
-        return torch.where(d < w, d, torch.floor(m / g) - torch.floor(n / g) + w - w // g)
-    return d
-
-
-def turn(x1, x2, phi):
-    """Each pair (x1_i, x2_i) turned by phi_i."""
-    return x1 * phi.cos() - x2 * phi.sin(), x1 * phi.sin() + x2 * phi.cos()
 
 
 def reference_attention(
