@@ -58,6 +58,30 @@ def tiny_model(family: str = "llama", rope_parameters: dict | None = None, seed:
     return AutoModelForCausalLM.from_config(config, attn_implementation=config._attn_implementation).eval()
 
 
+def save_byte_llama(path, max_position_embeddings: int, seed: int = 0):
+    """Save a 2-layer GQA Llama with a byte-level tokenizer (ByT5: 384 ids) to ``path`` (the fine-tuning base)."""
+    from transformers import ByT5Tokenizer
+
+    tok = ByT5Tokenizer()
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 def _legacy_kwarg_is_standardized() -> bool:
     """Whether this transformers turns ``from_pretrained(path, rope_scaling={"type": ...})`` into ``rope_type``.
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import save_byte_llama
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForCausalLM, ByT5Tokenizer
 
 from hf_rope_ext.cli import main
 from hf_rope_ext.train import FinetuneConfig, finetune
@@ -33,23 +33,7 @@ ATOL = 1e-4
 def setup(tmp_path_factory):
     """A saved 2-layer Llama with a byte-level tokenizer, and three text files (about 15k tokens)."""
     root = tmp_path_factory.mktemp("ddp")
-    tok = ByT5Tokenizer()
-    config = AutoConfig.for_model(
-        "llama",
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=L0,
-        bos_token_id=None,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(root / "base")
-    tok.save_pretrained(root / "base")
+    save_byte_llama(root / "base", L0)
     (root / "data").mkdir()
     for name in ("json/decoder.py", "json/encoder.py", "csv.py"):
         (root / "data" / f"{Path(name).stem}.txt").write_text(Path(json.__file__).parents[1].joinpath(name).read_text())

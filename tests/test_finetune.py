@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAMILIES, tiny_model
+from conftest import FAMILIES, save_byte_llama, tiny_model
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, ByT5Tokenizer
 
@@ -25,25 +25,7 @@ L0 = 32  # the tiny base model's max_position_embeddings
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A saved 2-layer Llama with a byte-level tokenizer (ByT5: 384 ids)."""
-    path = tmp_path_factory.mktemp("base")
-    tok = ByT5Tokenizer()
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(
-        "llama",
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=L0,
-        bos_token_id=None,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+    return str(save_byte_llama(tmp_path_factory.mktemp("base"), L0))
 
 
 @pytest.fixture(scope="module")
