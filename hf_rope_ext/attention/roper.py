@@ -18,7 +18,13 @@ from .scoring import Call, Scorer, register_attention
 
 
 def value_inv_freq(call: Call) -> torch.Tensor:
-    """theta_j [r_v/2] float64 of the value dims RoPER turns (see the module's comment)."""
+    """theta_j [r_v/2] float64 of the value dims RoPER turns (see the module's comment), once per call."""
+    if "value_inv_freq" not in call.state:
+        call.state["value_inv_freq"] = _value_inv_freq(call)
+    return call.state["value_inv_freq"]
+
+
+def _value_inv_freq(call: Call) -> torch.Tensor:
     factor = float(call.params["value_rotary_factor"])
     rotary_dim = 2 * int(factor * call.inv_freq.shape[-1])
     if rotary_dim < 2 or rotary_dim > call.value.shape[-1]:
