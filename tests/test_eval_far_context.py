@@ -120,6 +120,31 @@ def test_passkey_by_depth_is_scored_by_hand(model, tiny_dir):
     assert result["passkey_accuracy"] == pytest.approx(sum(sum(h) for h in hits.values()) / 6)
 
 
+class NextTokenOracle(torch.nn.Module):
+    """A "model" whose logits at t put all mass on input t + 1 (so every answer token is right), except on the
+    last ``wrong_last`` positions, where it names token 0: an independent check of the scoring rule."""
+
+    def __init__(self, vocab: int, wrong_last: int = 0):
+        super().__init__()
+        self.vocab, self.wrong_last, self.anchor = vocab, wrong_last, torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, input_ids, **kwargs):
+        nxt = torch.cat((input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])), dim=1)
+        if self.wrong_last:
+            nxt[:, -1 - self.wrong_last : -1] = 0
+        return type("Out", (), {"logits": F.one_hot(nxt, self.vocab).float()})()
+
+
+@pytest.mark.parametrize("wrong_last, accuracy", [(0, 1.0), (1, 0.0)])
+def test_passkey_needs_every_answer_token(tiny_dir, wrong_last, accuracy):
+    """All answer tokens right: every depth scores 1; only the last one wrong: every depth scores 0."""
+    tokenizer = load_tokenizer(tiny_dir)
+    oracle = NextTokenOracle(len(tokenizer), wrong_last)
+    result = passkey_accuracy(oracle, tokenizer, 300, depths=3, trials=2, generate=False, seed=7, progress=False)
+    assert result["passkey_accuracy"] == accuracy
+    assert result["passkey_by_depth"] == [[d, accuracy] for d in spread_depths(3)]
+
+
 def test_by_depth_counts_hits_per_depth():
     assert by_depth([0.0, 1.0, 0.0, 1.0, 0.5], [True, True, False, True, False]) == [[0.0, 0.5], [0.5, 0.0], [1.0, 1.0]]
 
