@@ -60,6 +60,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--init-from", type=Path, default=None, help="warm-start from this saved model (same shape)")
     p.add_argument("--retrieval-weight", type=float, default=1.0, help="weight of the synthetic rows' target loss")
     p.add_argument("--passkey-keys", type=int, default=8, help="pass keys (depths 0..1) scored at 1x at each save")
+    p.add_argument("--induction-steps", type=int, default=0, help="at most this many copy-drill steps first (0: none)")
+    p.add_argument("--induction-until", type=float, default=0.5, help="end the drill once its loss is below this")
+    p.add_argument("--induction-len", type=int, default=128, help="sequence length of the copy drill")
+    p.add_argument("--induction-batch", type=int, default=16, help="batch size of the copy drill")
+    p.add_argument("--induction-lr", type=float, default=2e-3, help="constant learning rate of the copy drill")
     return p.parse_args(argv)
 
 
@@ -198,6 +203,17 @@ def repeat_window(rng: np.random.Generator, code: np.ndarray, length: int):
         w[at : at + k] = planted
         targets[at + 1 : at + k] = i > 0
     return w, targets
+
+
+def drill_window(rng: np.random.Generator, length: int):
+    """A random printable string of 8 to length/2 ids repeated to fill ``length`` ids: after the first copy every id is
+    predictable only by induction (find the previous occurrence of the current id, read what followed it).
+    Returns (ids, targets), both (length,); targets marks the ids after the first copy."""
+    k = int(rng.integers(8, length // 2))
+    ids = np.tile(rng.choice(PRINTABLE, k), length // k + 1)[:length]
+    targets = np.zeros(length, dtype=bool)
+    targets[k:] = True
+    return ids, targets
 
 
 TASKS = (  # (weight, builder(rng, code, length) -> (ids, targets))
@@ -344,6 +360,15 @@ def build_model(args, vocab_size: int):
     return LlamaForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
 
 
+def init_training(path: Path | None) -> dict | None:
+    """The warm start's own record (its command, steps, losses; not its history), so a chain of runs stays
+    reproducible from the last model's training.json alone."""
+    record = path / "training.json" if path is not None else None
+    if record is None or not record.is_file():
+        return None
+    return {k: v for k, v in json.loads(record.read_text()).items() if k != "history"}
+
+
 def make_optimizer(model, args) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -352,6 +377,31 @@ def make_optimizer(model, args) -> torch.optim.Optimizer:
         lr=args.lr,
         betas=(0.9, 0.95),
     )
+
+
+def copy_drill(model, args) -> dict:
+    """The copy drill, before everything else: --induction-batch drill windows per step, lr warmed up over 20 steps to
+    a constant --induction-lr, until the mean target loss of the last 10 steps is below --induction-until or
+    --induction-steps have run. Small models learn copying late and suddenly; warm-started from the code-only model
+    the loss sat near chance (ln 94 = 4.5 nats) for ~500 steps, then fell to 0.3 within 100. With mixed batches
+    (1500 steps) it never fell. Returns {"steps", "loss", "elapsed_s"}."""
+    opt = torch.optim.AdamW(model.parameters(), lr=args.induction_lr, betas=(0.9, 0.95), weight_decay=0.0)
+    recent, start, step = [], time.time(), 0
+    while step < args.induction_steps and not (len(recent) == 10 and np.mean(recent) < args.induction_until):
+        opt.param_groups[0]["lr"] = args.induction_lr * min(1.0, (step + 1) / 20)
+        rng = np.random.default_rng([args.seed, 1, step])
+        ids, marks = zip(*(drill_window(rng, args.induction_len) for _ in range(args.induction_batch)), strict=True)
+        batch = torch.from_numpy(np.stack(ids)).to(args.device)  # (induction_batch, induction_len)
+        targets = torch.from_numpy(np.stack(marks)).to(args.device)
+        loss, _, drill = mixture_loss(model, batch, targets, len(batch), 1.0)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        recent, step = (recent + [drill])[-10:], step + 1
+        if step % args.log_every == 0:
+            print(f"drill step {step} copy loss {np.mean(recent):.4f} ({time.time() - start:.0f} s)", flush=True)
+    return {"steps": step, "loss": float(np.mean(recent)) if recent else None, "elapsed_s": time.time() - start}
 
 
 def length_at(step: int, args) -> int:
@@ -383,8 +433,12 @@ def main(argv=None) -> int:
         + " ".join(["scripts/pretrain_tiny_llama.py", *sys.argv[1:]]),
         **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "history": [],
+        "init_from_training": init_training(args.init_from),
     }
     print(f"params {n_params:,}  train windows {len(train)}  eval windows {len(eval_w)}", flush=True)
+    if args.induction_steps:
+        summary["copy_drill"] = copy_drill(model, args)
+        print(f"copy drill done: {summary['copy_drill']}", flush=True)
     start, recent, recent_retrieval, tokens = time.time(), [], [], 0
     model.train()
     for step in range(args.max_steps):

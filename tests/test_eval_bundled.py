@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import ByT5Tokenizer
+from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
 
 from hf_rope_ext import bundled
 from hf_rope_ext.eval import load_model, load_tokenizer, truncated_perplexity
@@ -75,6 +75,36 @@ def test_synthetic_windows_have_the_length_and_ask_for_what_they_planted():
             key = text.rsplit(" ", 1)[-1]  # the answer: the last word
             assert key.isdigit() and 3 <= len(key) <= 7 and text.count(key) >= 2  # planted before, asked at the end
             assert tokenizer.decode(ids[targets]) == key  # the targets are the answer's digits
+
+
+def test_copy_drill_windows_repeat_one_random_string():
+    script = pretrain_script()
+    for seed in range(20):
+        ids, targets = script.drill_window(np.random.default_rng(seed), 128)
+        k = int(np.argmax(targets))  # the first scored id starts the second copy
+        assert len(ids) == len(targets) == 128 and 8 <= k < 64 and targets[k:].all() and not targets[:k].any()
+        assert (ids[k:] == ids[:-k]).all() and np.isin(ids, script.PRINTABLE).all()
+
+
+def test_copy_drill_stops_at_its_step_limit_and_reports_its_loss():
+    script = pretrain_script()
+    args = script.parse_args(["--induction-steps", "3", "--induction-len", "32", "--induction-batch", "2"])
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=384,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=16,
+        )
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    result = script.copy_drill(model, args)
+    assert result["steps"] == 3 and 0 < result["loss"] < 10
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 def test_synthetic_batches_are_seeded_per_step():
