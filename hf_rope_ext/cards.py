@@ -23,6 +23,7 @@ LAYOUT_TEXT = {
     "interleaved": "pairs (2i, 2i+1), GPT-J / original LLaMA",
 }
 RESULT_KEYS = ("rope_type", "factor", "length", "perplexity")
+OPTIONAL_KEYS = ("passkey_accuracy", "far_context_ratio")
 LAYOUT_LINE = re.compile(r"^Rotary layout: `\w+` \(.*\)\.$", re.MULTILINE)  # the templates' layout sentence
 
 
@@ -164,14 +165,15 @@ def key_value_table(values: dict | None, header: tuple[str, str]) -> str:
 
 
 def results_table(results: list[dict] | None) -> str:
-    """Evaluation records -> Markdown; each needs rope_type, factor, length, perplexity (passkey_accuracy optional)."""
+    """Evaluation records -> Markdown; each needs rope_type, factor, length, perplexity (OPTIONAL_KEYS shown where any
+    record has them)."""
     if not results:
         return ""
     for i, record in enumerate(results):
         missing = [key for key in RESULT_KEYS if key not in record]
         if missing:
             raise KeyError(f"results[{i}] lacks {missing[0]!r} (record {record!r}); required keys: {list(RESULT_KEYS)}")
-    columns = list(RESULT_KEYS) + (["passkey_accuracy"] if any("passkey_accuracy" in r for r in results) else [])
+    columns = list(RESULT_KEYS) + [key for key in OPTIONAL_KEYS if any(key in r for r in results)]
     rows = ["| " + " | ".join(_cell(r.get(c, "")) for c in columns) + " |" for r in results]
     return "\n".join(["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns), *rows])
 

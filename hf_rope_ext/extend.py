@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from . import outputs, registry
 from .eval import loading
 from .eval.data import load_token_documents, long_enough
-from .eval.far_context import far_context_ratio, sliding_window_baseline
+from .eval.far_context import sliding_window_baseline, with_far_context
 from .eval.last_chunk import last_chunk_losses
 from .eval.perplexity import CachedLosses
 from .eval.runner import EvalPlan, evaluate_model, label
@@ -84,7 +84,7 @@ def evaluate_method(
         found = evaluate_model(model, tokenizer, documents, plan, rope_type, factor, progress, cache)
         if far is not None:
             total = int(max(factors) * pretrain)
-            found = add_far_context(model, found, documents, total, pretrain, far, plan.documents, progress, cache)
+            found = with_far_context(model, found, documents, total, pretrain, far, plan.documents, progress, cache)
         records += [{**r, "rope_parameters": params} for r in found]
         if factor == runs[-1][0] and base_plan.last_chunk:
             contexts = [pretrain, *(int(s * pretrain) for s in sorted(factors))]
@@ -93,22 +93,6 @@ def evaluate_method(
             )
             records = merge_last_chunk(records, chunk, label(rope_type), factor, params)
     return records
-
-
-def add_far_context(model, records, documents, total, pretrain, baseline, limit, progress, cache) -> list[dict]:
-    """``far_context_loss`` (last L0 - 1 tokens of ``total``, read with ``length`` tokens) and its ratio to the
-    sliding-window ``baseline`` added to each record."""
-    lengths = [r["length"] for r in records]
-    far = last_chunk_losses(model, documents, lengths, pretrain - 1, limit, progress, cache, total=total)
-    return [
-        {
-            **r,
-            "far_context_loss": far[n],
-            "far_context_baseline": baseline,
-            "far_context_ratio": far_context_ratio(far[n], baseline),
-        }
-        for r, n in zip(records, lengths, strict=True)
-    ]
 
 
 def far_context_baseline(path, config, documents, factors, plan: EvalPlan) -> float:

@@ -3,6 +3,7 @@ save -> load -> merge keeps logits and rope parameters, resume is exact, bad inp
 
 import inspect
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, ByT5Tokenizer
 import hf_rope_ext
 from hf_rope_ext import registry
 from hf_rope_ext.cli import main
+from hf_rope_ext.eval.data import load_token_documents, long_enough
 from hf_rope_ext.registry import REQUIRED, get_method
 from hf_rope_ext.train import FinetuneConfig, finetune, load_adapter
 from hf_rope_ext.train.lora import apply_lora, embedding_module_name, norm_module_names
@@ -80,6 +82,35 @@ def test_loss_falls(base, data, tmp_path):
     log = (tmp_path / "out" / "logs" / "train_log.csv").read_text().splitlines()
     assert log[0].startswith("step,stage,span,window,loss") and len(log) == 21
     assert (tmp_path / "out" / "README.md").read_text().count("(after)") == 1
+
+
+def test_far_context_before_and_after_against_a_plain_loop(base, data, tmp_path):
+    """Far-context loss: the last L0 - 1 tokens of each eval document's first 2 L0, read in one pass; baseline: the
+    base model as saved reading each of them with exactly the L0 - 1 ... L0 - 16 tokens before it (stride 16)."""
+    result = finetune(
+        job(base, data, tmp_path / "out", eval_lengths=[L0 // 2, 2 * L0], eval_rows=2, eval_far_context=True)
+    )
+    short, before, _, after = result["results"]
+    assert "far_context_loss" not in short and before["when"] == "before" and after["when"] == "after"
+    docs = long_enough(load_token_documents(ByT5Tokenizer(), [data]), 2 * L0, 2)
+    plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    extended = AutoModelForCausalLM.from_pretrained(base, config=AutoConfig.from_pretrained(tmp_path / "out")).eval()
+    far, window = [], []
+    with torch.no_grad():
+        for doc in docs:
+            ids = doc[: 2 * L0]
+            logp = extended(input_ids=ids[None]).logits[0, :-1].log_softmax(-1)  # (2 L0 - 1, vocab)
+            far += [-logp[t - 1, ids[t]] for t in range(L0 + 1, 2 * L0)]
+            for t in range(L0 + 1, 2 * L0):  # token t is read by the window ending after the next multiple-of-16 end
+                end = 2 * L0 - ((2 * L0 - 1 - t) // 16) * 16
+                w = ids[end - L0 : end]
+                window.append(-plain(input_ids=w[None]).logits[0, t - (end - L0) - 1].log_softmax(-1)[ids[t]])
+    assert before["far_context_loss"] == pytest.approx(torch.stack(far).mean().item(), rel=1e-5)
+    assert before["far_context_baseline"] == after["far_context_baseline"]
+    assert before["far_context_baseline"] == pytest.approx(torch.stack(window).mean().item(), rel=1e-5)
+    assert after["far_context_ratio"] == pytest.approx(
+        math.exp(after["far_context_loss"] - before["far_context_baseline"])
+    )
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -265,6 +296,7 @@ def no_rope(tmp_path_factory):
         ({"batch_size": 0}, ValueError, "batch_size=0 must be an integer >= 1"),
         ({"scheduler": "triangle"}, ValueError, "scheduler='triangle' is not allowed"),
         ({"lr": 0.0}, ValueError, "lr=0.0 must be > 0"),
+        ({"eval_far_context": True, "eval_lengths": [L0 // 2]}, ValueError, "--eval-far-context needs an"),
     ],
 )
 def test_bad_input_fails_before_anything_is_written(base, data, tmp_path, request, overrides, error, match):

@@ -95,6 +95,12 @@ def add_parser(subparsers, name):
     )
     run.add_argument("--eval-rows", type=positive_int, default=4, help="documents per evaluation length")
     run.add_argument("--passkey-depths", type=non_negative_int, default=0, help="passkey needle depths per length")
+    run.add_argument(
+        "--eval-far-context",
+        action="store_true",
+        help="far-context loss at each eval length >= L0, against the base model reading a sliding L0 window "
+        "(loads the base model once more)",
+    )
     return p
 
 
@@ -147,6 +153,7 @@ def config_of(args):
         eval_lengths=args.eval_lengths,
         eval_rows=args.eval_rows,
         passkey_depths=args.passkey_depths,
+        eval_far_context=args.eval_far_context,
     )
 
 

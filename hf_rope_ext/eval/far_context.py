@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import long_enough
+from .last_chunk import last_chunk_losses
 
 
 @torch.no_grad()
@@ -55,3 +56,19 @@ def sliding_window_baseline(model, documents, total: int, window: int, chunk: in
 def far_context_ratio(loss: float, baseline: float) -> float:
     """Perplexity ratio against the baseline on the same tokens: < 1 means the longer context helped."""
     return math.exp(loss - baseline)
+
+
+def with_far_context(model, records, documents, total, window, baseline, limit, progress=True, cache=None) -> list:
+    """Each record (one ``length`` >= ``window``) with ``far_context_loss`` (the last ``window`` - 1 tokens of each
+    document's first ``total``, read with ``length`` tokens), the ``baseline`` and their ratio added."""
+    lengths = [r["length"] for r in records]
+    far = last_chunk_losses(model, documents, lengths, window - 1, limit, progress, cache, total=total)
+    return [
+        {
+            **r,
+            "far_context_loss": far[n],
+            "far_context_baseline": baseline,
+            "far_context_ratio": far_context_ratio(far[n], baseline),
+        }
+        for r, n in zip(records, lengths, strict=True)
+    ]

@@ -58,6 +58,7 @@ class FinetuneConfig:
     eval_lengths: list[int] | None = None
     eval_rows: int = 4  # documents per evaluation length
     passkey_depths: int = 0  # passkey needle depths per evaluation length (0: no passkey)
+    eval_far_context: bool = False  # far-context loss and ratio at every evaluation length >= L0
 
 
 def parse_stages(text: str | None) -> list[tuple[int, int]] | None:

@@ -39,6 +39,8 @@ class Job:
     settings: object
     eval_documents: list | None = None  # token id tensors of the held-out text
     results: list = field(default_factory=list)
+    pretrain: int = 0  # L0, the base model's length
+    far_baseline: float | None = None  # the base model's sliding-window loss (eval.far_context), once measured
 
     def attach_lora(self):
         """Wrap the model in a LoRA PeftModel (seeded, so two runs with one seed, and all processes of a run, start
@@ -88,10 +90,33 @@ class Job:
             params.get("factor"),
             progress=self.accelerator.is_local_main_process,
         )
+        if cfg.eval_far_context:
+            records = self.far_context(model, records)
         model.train(was_training)
         records = [{**r, "when": label} for r in records]
         self.results += records
         return records
+
+    def far_context(self, model, records: list[dict]) -> list[dict]:
+        """The records at lengths >= L0 with the far-context loss on the last L0 - 1 tokens of the longest length
+        and its ratio to the base model (rope as saved) reading them through a sliding L0 window."""
+        from transformers import AutoModelForCausalLM
+
+        from ..eval.far_context import sliding_window_baseline, with_far_context
+
+        cfg, total = self.cfg, max(self.cfg.eval_lengths)
+        if self.far_baseline is None:
+            base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(self.accelerator.device)
+            docs, l0 = self.eval_documents, self.pretrain
+            self.far_baseline = sliding_window_baseline(base, docs, total, l0, l0 - 1, cfg.eval_rows)
+            del base
+        short = [r for r in records if r["length"] < self.pretrain]
+        far = [r for r in records if r["length"] >= self.pretrain]
+        with torch.no_grad():
+            far = with_far_context(
+                model, far, self.eval_documents, total, self.pretrain, self.far_baseline, cfg.eval_rows, progress=False
+            )
+        return short + far
 
     def save(self, out: Path, model, rows: list[dict], log_dir: Path) -> dict:
         """Adapter, extended config, tokenizer, results and card; the merged model on request. ``model`` is the
@@ -217,7 +242,9 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
     precision = resolve_precision(cfg.precision, state.device)
     cfg.model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model  # recorded in the adapter
     config = extended_config(cfg.model, cfg.rope_type, cfg.length, cfg.factor, cfg.rope_extra)
-    stages = plan_stages(cfg, _base_length(cfg.model))
+    pretrain = _base_length(cfg.model)
+    stages = plan_stages(cfg, pretrain)
+    check_far_context(cfg, pretrain)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     with state.main_process_first():  # files that datasets caches are written by the main process alone
         train_text, eval_documents = load_text(cfg, tokenizer)
@@ -228,7 +255,18 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
         check_fp16(model, torch.tensor(datasets[0][:1]["input_ids"], device=state.device))
     log_dir = Path(cfg.log_dir) if cfg.log_dir else Path(cfg.out) / "logs"
     accelerator = make_accelerator(cfg, precision, log_dir)
-    return Job(cfg, accelerator, tokenizer, config, model, stages, datasets, settings_of(cfg), eval_documents)
+    job = Job(cfg, accelerator, tokenizer, config, model, stages, datasets, settings_of(cfg), eval_documents)
+    job.pretrain = pretrain
+    return job
+
+
+def check_far_context(cfg: FinetuneConfig, pretrain: int) -> None:
+    """--eval-far-context scores the last L0 - 1 tokens of the longest eval length: it needs one length >= L0."""
+    if cfg.eval_far_context and not any(n >= pretrain for n in cfg.eval_lengths or ()):
+        raise ValueError(
+            f"--eval-far-context needs an --eval-lengths value >= the model's length {pretrain} "
+            f"(given: {cfg.eval_lengths})"
+        )
 
 
 def _base_length(path: str) -> int:
