@@ -60,12 +60,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--init-from", type=Path, default=None, help="warm-start from this saved model (same shape)")
     p.add_argument("--retrieval-weight", type=float, default=1.0, help="weight of the synthetic rows' target loss")
     p.add_argument("--passkey-keys", type=int, default=8, help="pass keys (depths 0..1) scored at 1x at each save")
-    p.add_argument("--induction-steps", type=int, default=0, help="at most this many copy-drill steps first (0: none)")
-    p.add_argument("--induction-until", type=float, default=0.5, help="end the drill once its loss is below this")
-    p.add_argument("--induction-len", type=int, default=128, help="sequence length of the copy drill")
-    p.add_argument("--induction-batch", type=int, default=16, help="batch size of the copy drill")
-    p.add_argument("--induction-lr", type=float, default=2e-3, help="constant learning rate of the copy drill")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--drill", default=None, help="copy-drill phases first, 'lr:steps,lr:steps' (e.g. 1e-3:300,2e-3:800)"
+    )
+    p.add_argument("--drill-len", type=int, default=128, help="sequence length of the copy drill")
+    p.add_argument("--drill-batch", type=int, default=16, help="batch size of the copy drill")
+    args = p.parse_args(argv)
+    drill_phases(args.drill)  # a malformed --drill stops here, before any loading
+    return args
 
 
 def model_config(seq_len: int, vocab_size: int) -> LlamaConfig:
@@ -379,29 +381,44 @@ def make_optimizer(model, args) -> torch.optim.Optimizer:
     )
 
 
-def copy_drill(model, args) -> dict:
-    """The copy drill, before everything else: --induction-batch drill windows per step, lr warmed up over 20 steps to
-    a constant --induction-lr, until the mean target loss of the last 10 steps is below --induction-until or
-    --induction-steps have run. Small models learn copying late and suddenly; warm-started from the code-only model
-    the loss sat near chance (ln 94 = 4.5 nats) for ~500 steps, then fell to 0.3 within 100. With mixed batches
-    (1500 steps) it never fell. Returns {"steps", "loss", "elapsed_s"}."""
-    opt = torch.optim.AdamW(model.parameters(), lr=args.induction_lr, betas=(0.9, 0.95), weight_decay=0.0)
-    recent, start, step = [], time.time(), 0
-    while step < args.induction_steps and not (len(recent) == 10 and np.mean(recent) < args.induction_until):
-        opt.param_groups[0]["lr"] = args.induction_lr * min(1.0, (step + 1) / 20)
-        rng = np.random.default_rng([args.seed, 1, step])
-        ids, marks = zip(*(drill_window(rng, args.induction_len) for _ in range(args.induction_batch)), strict=True)
-        batch = torch.from_numpy(np.stack(ids)).to(args.device)  # (induction_batch, induction_len)
-        targets = torch.from_numpy(np.stack(marks)).to(args.device)
-        loss, _, drill = mixture_loss(model, batch, targets, len(batch), 1.0)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        recent, step = (recent + [drill])[-10:], step + 1
-        if step % args.log_every == 0:
-            print(f"drill step {step} copy loss {np.mean(recent):.4f} ({time.time() - start:.0f} s)", flush=True)
-    return {"steps": step, "loss": float(np.mean(recent)) if recent else None, "elapsed_s": time.time() - start}
+def drill_phases(text: str | None) -> list[tuple[float, int]]:
+    """'1e-3:300,2e-3:800' -> [(0.001, 300), (0.002, 800)]."""
+    if not text:
+        return []
+    try:
+        phases = [(float(lr), int(steps)) for lr, steps in (part.split(":") for part in text.split(","))]
+    except ValueError:
+        phases = []
+    if not phases or any(lr <= 0 or steps < 1 for lr, steps in phases):
+        raise SystemExit(f"--drill {text!r}: expected 'lr:steps,lr:steps' with lr > 0 and steps >= 1")
+    return phases
+
+
+def copy_drill(model, args) -> list[dict]:
+    """The copy drill, before everything else: each --drill phase runs its steps at a constant lr with a fresh AdamW
+    (no weight decay) on --drill-batch drill windows per step, drawn from a generator seeded with --seed (the same
+    stream in every phase). Small models learn copying late and suddenly: warm-started from the code-only model with
+    '1e-3:300,2e-3:800' the loss sat near chance (ln 94 = 4.5 nats) through the first phase and the first 500 steps
+    of the second, then fell to 0.3 within 100 steps; a single phase at 2e-3 was still at 3.9 after 1,750 steps,
+    and mixed batches (1,500 steps) never learned it. Returns one {"lr", "steps", "loss", "elapsed_s"} per phase."""
+    done = []
+    for lr, steps in drill_phases(args.drill):
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+        rng, recent, start = np.random.default_rng(args.seed), [], time.time()
+        for step in range(steps):
+            ids, marks = zip(*(drill_window(rng, args.drill_len) for _ in range(args.drill_batch)), strict=True)
+            batch = torch.from_numpy(np.stack(ids)).to(args.device)  # (drill_batch, drill_len)
+            targets = torch.from_numpy(np.stack(marks)).to(args.device)
+            loss, _, drill = mixture_loss(model, batch, targets, len(batch), 1.0)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            recent = (recent + [drill])[-10:]
+            if (step + 1) % args.log_every == 0:
+                print(f"drill lr {lr:g} step {step + 1} copy loss {np.mean(recent):.4f}", flush=True)
+        done.append({"lr": lr, "steps": steps, "loss": float(np.mean(recent)), "elapsed_s": time.time() - start})
+    return done
 
 
 def length_at(step: int, args) -> int:
@@ -436,7 +453,7 @@ def main(argv=None) -> int:
         "init_from_training": init_training(args.init_from),
     }
     print(f"params {n_params:,}  train windows {len(train)}  eval windows {len(eval_w)}", flush=True)
-    if args.induction_steps:
+    if args.drill:
         summary["copy_drill"] = copy_drill(model, args)
         print(f"copy drill done: {summary['copy_drill']}", flush=True)
     start, recent, recent_retrieval, tokens = time.time(), [], [], 0

@@ -86,25 +86,30 @@ def test_copy_drill_windows_repeat_one_random_string():
         assert (ids[k:] == ids[:-k]).all() and np.isin(ids, script.PRINTABLE).all()
 
 
-def test_copy_drill_stops_at_its_step_limit_and_reports_its_loss():
+def test_copy_drill_runs_each_phase_and_reports_its_loss():
     script = pretrain_script()
-    args = script.parse_args(["--induction-steps", "3", "--induction-len", "32", "--induction-batch", "2"])
+    args = script.parse_args(["--drill", "1e-3:2,5e-3:3", "--drill-len", "32", "--drill-batch", "2"])
     torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=384,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            head_dim=16,
-        )
+    config = LlamaConfig(
+        vocab_size=384,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
     )
+    model = LlamaForCausalLM(config)
     before = [p.detach().clone() for p in model.parameters()]
-    result = script.copy_drill(model, args)
-    assert result["steps"] == 3 and 0 < result["loss"] < 10
+    phases = script.copy_drill(model, args)
+    assert [(p["lr"], p["steps"]) for p in phases] == [(1e-3, 2), (5e-3, 3)] and all(0 < p["loss"] < 10 for p in phases)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("text", ["1e-3", "0:10", "1e-3:0", "a:b"])
+def test_a_malformed_drill_is_refused_before_anything_loads(text):
+    with pytest.raises(SystemExit, match="--drill"):
+        pretrain_script().parse_args(["--drill", text])
 
 
 def test_synthetic_batches_are_seeded_per_step():
