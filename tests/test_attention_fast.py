@@ -12,7 +12,7 @@ from conftest import tiny_model
 from torch.nn import functional as F
 
 from hf_rope_ext.attention import dispatch, fast, lse, positions, rotated_cache, rotation
-from hf_rope_ext.attention.xpos import XposScorer
+from hf_rope_ext.attention.xpos_scorer import XposScorer
 
 PARAMS = {
     "rerope": {"window": 5},

@@ -73,8 +73,3 @@ def _scale_pairs(x: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
     d = s.shape[-1]
     scaled = (x[..., :d].float() * s).to(x.dtype)
     return torch.cat((scaled, x[..., d:]), dim=-1) if x.shape[-1] > d else scaled
-
-
-def plain_rope(config, device=None, seq_len=None, layer_type=None):
-    """The frequencies an attention-level type rotates by (plain RoPE), in ROPE_INIT_FUNCTIONS' signature."""
-    return base_inv_freq(config, layer_type, device).float(), 1.0
