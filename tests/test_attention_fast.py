@@ -126,6 +126,21 @@ def test_decode_steps_reuse_rotated_keys_and_equal_eager(name, q_len):
     rotated_cache.forget(module)
 
 
+@pytest.mark.parametrize("name", TYPES)
+def test_long_decode_moves_and_grows_the_remembered_rows(name):
+    """70 one-token steps: the near band's window memory moves past its room (64 rows) and is rebased, the
+    whole-cache memory outgrows its room and is copied into larger buffers; every step equals eager."""
+    module, steps = module_of(name), 70
+    q, k, v = tensors(batch=1, q_len=steps, kv=LENGTH + steps)
+    for step in range(steps):
+        kv = LENGTH + step + 1
+        pos = torch.tensor([[kv - 1]])
+        keys, values = k[:, :, :kv].clone(), v[:, :, :kv].clone()
+        fast_out, reference = both(module, q[:, :, step : step + 1], keys, values, None, pos)
+        torch.testing.assert_close(fast_out, reference, rtol=0, atol=1e-5)
+    rotated_cache.forget(module)
+
+
 @pytest.mark.parametrize("case", ["shifted", "left-padding"])
 @pytest.mark.parametrize("name", TYPES)
 def test_gradients_equal_eager(name, case):

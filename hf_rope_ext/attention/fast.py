@@ -88,7 +88,8 @@ def near_keys(module, call: Call, reach: int) -> torch.Tensor:
         return rotate(call.key[:, :, reach:], call.k_pos[:, reach:], call.inv_freq)
     tag = ("near_key", tuple(call.inv_freq.tolist()))
     turn = lambda x, p: rotate(x, p, call.inv_freq)  # noqa: E731
-    return rotated_cache.window_rows(module, "near_key", tag, call.key, call.k_pos, reach, turn)
+    offset = call.key.shape[2] - 1
+    return rotated_cache.rotated(module, "near_key", tag, call.key, call.k_pos, offset, turn, start=reach)
 
 
 def near_regular(module, call: Call, window: int, scale: float, grad: bool):
