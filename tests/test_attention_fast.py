@@ -193,6 +193,9 @@ def test_rotation_in_row_pieces_equals_one_piece(monkeypatch):
     inv_freq = 1 / 10000 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)  # partial rotary: 16 of 24 dims
     log_scale = -torch.rand(2, 1, 100, 8, generator=g, dtype=torch.float64)
     whole = rotation.rotate(x, pos, inv_freq), rotation.scale_pairs(x, log_scale)
+    fused = rotation.rotate(x, pos, inv_freq, log_scale)
     monkeypatch.setattr(rotation, "ROWS", 7)
     assert torch.equal(rotation.rotate(x, pos, inv_freq), whole[0])
     assert torch.equal(rotation.scale_pairs(x, log_scale), whole[1])
+    assert torch.equal(rotation.rotate(x, pos, inv_freq, log_scale), fused)
+    torch.testing.assert_close(fused, rotation.scale_pairs(whole[0], log_scale), rtol=0, atol=1e-6)

@@ -50,26 +50,25 @@ class XposScorer(Scorer):
         return [slice(i, min(i + half, stop)) for start, stop in self.segments(call) for i in range(start, stop, half)]
 
     def fast_query_keys(self, module, call: Call, rows: slice, old_rows: int):
-        """Queries scaled by zeta^((m - r)/s), keys by zeta^((r - n)/s), r on the grid (module docstring)."""
+        """Queries scaled by zeta^((m - r)/s), keys by zeta^((r - n)/s), r on the grid (module docstring); each
+        rotated and scaled in one pass (``rotate``'s log_scale)."""
         half = max(1, self.chunk_limit(call) // 2)
         m = call.q_pos[:, rows]
         ref = (m.max(dim=-1, keepdim=True).values // half + 1) * half  # [B, 1]
         logz, scale_base = log_zeta(call.inv_freq, float(call.params["gamma"])), float(call.params["scale_base"])
         q_log = ((m - ref).double() / scale_base)[:, None, :, None] * logz
-        q = scale_pairs(
-            rotate(call.query[:, :, rows], m, call.inv_freq), q_log.clamp(max=self.exponent_bound(call.query.dtype))
-        )
+        q_log = q_log.clamp(max=self.exponent_bound(call.query.dtype))
+        q = rotate(call.query[:, :, rows], m, call.inv_freq, q_log)
 
         def scaled(x, n):
             k_log = ((ref - n).clamp(min=0).double() / scale_base)[:, None, :, None] * logz
-            return scale_pairs(rotate(x, n, call.inv_freq), k_log)
+            return rotate(x, n, call.inv_freq, k_log)
 
-        if old_rows <= 0:  # prefill: rotate once per call, scale once per reference
+        if old_rows <= 0:  # prefill: keys rotated and scaled once per reference
             memo = ("xpos_keys", tuple(ref.flatten().tolist()))
             if memo not in call.state:
                 call.state.pop(call.state.get("xpos_last"), None)  # the previous reference's keys: done with
-                k_log = ((ref - call.k_pos).clamp(min=0).double() / scale_base)[:, None, :, None] * logz
-                call.state[memo], call.state["xpos_last"] = scale_pairs(self.fast_keys(module, call, 0), k_log), memo
+                call.state[memo], call.state["xpos_last"] = scaled(call.key, call.k_pos), memo
             return q, call.state[memo]
         tag = (
             "xpos_key",
