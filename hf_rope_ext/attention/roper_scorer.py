@@ -3,6 +3,8 @@ frequencies, the attention output rotated back by the query position m."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..frequencies.common import inv_freq_for_base
@@ -27,7 +29,13 @@ def _value_inv_freq(call: Call) -> torch.Tensor:
             f"{call.value.shape[-1]} (rotary dim {2 * call.inv_freq.shape[-1]}): allowed a factor that turns at "
             "least one pair and at most the value head dim"
         )
-    return inv_freq_for_base(float(call.params["rope_theta"]), rotary_dim, call.value.device, torch.float64)
+    return _inv_freq64(float(call.params["rope_theta"]), rotary_dim, str(call.value.device))
+
+
+@functools.lru_cache(maxsize=64)
+def _inv_freq64(base: float, dim: int, device: str) -> torch.Tensor:
+    """Shared between calls and layers (read only): computed once per model, not at every decode step."""
+    return inv_freq_for_base(base, dim, device, torch.float64)
 
 
 class RoperScorer(Scorer):
