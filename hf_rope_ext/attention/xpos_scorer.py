@@ -13,6 +13,7 @@ thousand tokens); chunks there hold at most half the limit, so r - m stays withi
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -24,8 +25,13 @@ from .scoring import Call, Scorer
 
 
 def log_zeta(inv_freq: torch.Tensor, gamma: float) -> torch.Tensor:
-    """log zeta_i for the d/2 rotary pairs, float64, all < 0."""
-    two_i_over_d = torch.arange(inv_freq.shape[-1], device=inv_freq.device, dtype=torch.float64) / inv_freq.shape[-1]
+    """log zeta_i for the d/2 rotary pairs, float64, all < 0 (shared between calls: read only)."""
+    return _log_zeta(inv_freq.shape[-1], float(gamma), str(inv_freq.device))
+
+
+@functools.lru_cache(maxsize=64)
+def _log_zeta(pairs: int, gamma: float, device: str) -> torch.Tensor:
+    two_i_over_d = torch.arange(pairs, device=device, dtype=torch.float64) / pairs
     return torch.log((two_i_over_d + gamma) / (1.0 + gamma))
 
 
@@ -41,6 +47,8 @@ class XposScorer(Scorer):
 
     def segments(self, call: Call) -> list[tuple[int, int]]:
         """Query row ranges over which every batch row's positions never decrease."""
+        if call.q_pos.shape[1] == 1:  # decode
+            return [(0, 1)]
         drops = (call.q_pos[:, 1:] < call.q_pos[:, :-1]).any(0).nonzero().flatten().tolist()
         starts = [0] + [i + 1 for i in drops]
         return list(zip(starts, starts[1:] + [call.q_pos.shape[1]], strict=True))
