@@ -53,6 +53,8 @@ def near_block(window: int) -> int:
 
 def window_mask(p0: int, rows: int, lo: int, hi: int, window: int, dtype, device) -> torch.Tensor | None:
     """Additive [rows, hi - lo] mask: row p0 + a sees key lo + b iff 0 <= (p0 + a) - (lo + b) < window."""
+    if p0 >= hi - 1 and p0 + rows - 1 - lo < window:  # every distance in [0, window): no mask (decode)
+        return None
     d = torch.arange(p0, p0 + rows, device=device)[:, None] - torch.arange(lo, hi, device=device)[None, :]
     allowed = (d >= 0) & (d < window)
     if bool(allowed.all()):
