@@ -12,7 +12,7 @@ from conftest import tiny_model
 from torch.nn import functional as F
 
 from hf_rope_ext.attention import dispatch, fast, lse, positions, rotated_cache, rotation
-from hf_rope_ext.attention.xpos import XposScorer
+from hf_rope_ext.attention.xpos_scorer import XposScorer
 
 PARAMS = {
     "rerope": {"window": 5},
@@ -126,6 +126,21 @@ def test_decode_steps_reuse_rotated_keys_and_equal_eager(name, q_len):
     rotated_cache.forget(module)
 
 
+@pytest.mark.parametrize("name", TYPES)
+def test_long_decode_moves_and_grows_the_remembered_rows(name):
+    """70 one-token steps: the near band's window memory moves past its room (64 rows) and is rebased, the
+    whole-cache memory outgrows its room and is copied into larger buffers; every step equals eager."""
+    module, steps = module_of(name), 70
+    q, k, v = tensors(batch=1, q_len=steps, kv=LENGTH + steps)
+    for step in range(steps):
+        kv = LENGTH + step + 1
+        pos = torch.tensor([[kv - 1]])
+        keys, values = k[:, :, :kv].clone(), v[:, :, :kv].clone()
+        fast_out, reference = both(module, q[:, :, step : step + 1], keys, values, None, pos)
+        torch.testing.assert_close(fast_out, reference, rtol=0, atol=1e-5)
+    rotated_cache.forget(module)
+
+
 @pytest.mark.parametrize("case", ["shifted", "left-padding"])
 @pytest.mark.parametrize("name", TYPES)
 def test_gradients_equal_eager(name, case):
@@ -178,6 +193,9 @@ def test_rotation_in_row_pieces_equals_one_piece(monkeypatch):
     inv_freq = 1 / 10000 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)  # partial rotary: 16 of 24 dims
     log_scale = -torch.rand(2, 1, 100, 8, generator=g, dtype=torch.float64)
     whole = rotation.rotate(x, pos, inv_freq), rotation.scale_pairs(x, log_scale)
+    fused = rotation.rotate(x, pos, inv_freq, log_scale)
     monkeypatch.setattr(rotation, "ROWS", 7)
     assert torch.equal(rotation.rotate(x, pos, inv_freq), whole[0])
     assert torch.equal(rotation.scale_pairs(x, log_scale), whole[1])
+    assert torch.equal(rotation.rotate(x, pos, inv_freq, log_scale), fused)
+    torch.testing.assert_close(fused, rotation.scale_pairs(whole[0], log_scale), rtol=0, atol=1e-6)

@@ -33,6 +33,26 @@ def test_help_lists_the_subcommands_without_importing_torch_or_transformers():
     assert "transformers" not in imported_modules("list", "--json")
 
 
+def test_list_json_runs_without_importing_torch_or_transformers():
+    """``list`` reads the method table, which the method modules declare without torch (attention/table.py)."""
+    code = (
+        "import json, sys, io, contextlib\n"
+        "sys.argv = ['hf-rope-ext', 'list', '--json']  # as the console script starts\n"
+        "from hf_rope_ext.cli import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    assert main(sys.argv[1:]) == 0\n"
+        "print(sorted({'torch', 'transformers'} & set(sys.modules)))\n"
+        "print(json.dumps(sorted(row['rope_type'] for row in json.loads(out.getvalue()))))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    imported, names = out.stdout.splitlines()
+    assert imported == "[]"
+    assert set(json.loads(names)) >= set(registry.available_rope_types()) | {"linear", "yarn", "llama3"}
+    assert not {"torch", "transformers"} & imported_modules("list", "--json")
+
+
 def test_list_shows_every_type_with_parameters_and_level(capsys):
     assert main(["list"]) == 0
     text = capsys.readouterr().out

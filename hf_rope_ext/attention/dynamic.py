@@ -11,12 +11,13 @@ hidden states of earlier steps, i.e. under the frequencies in force at those ste
 
 from __future__ import annotations
 
-from .. import frequencies, registry  # noqa: F401  (the frequency types are registered first)
-from .scoring import SCORERS, Scorer
+from .. import registry
+from .scoring import Scorer
 
 
 class DynamicScorer(Scorer):
-    """Plain RoPE scores with the method's frequencies for the current length."""
+    """Plain RoPE scores with the method's frequencies for the current length (``table.SCORERS`` builds one for
+    each dynamic frequency type in the registry)."""
 
     def __init__(self, method: registry.RopeMethod):
         self.method = method
@@ -25,15 +26,3 @@ class DynamicScorer(Scorer):
         length = int(k_pos.max()) + 1  # positions 0 .. length-1 are in force (cached keys included)
         inv_freq, attention_factor = self.method.frequencies(config, device, length, layer_type)
         return inv_freq.double(), float(attention_factor) ** 2
-
-
-def register_dynamic(name: str) -> None:
-    method = registry.get_method(name)
-    if not method.dynamic or method.kind != "frequency":
-        raise ValueError(f"rope_type {name!r} is not a dynamic frequency-level type")
-    SCORERS[name] = DynamicScorer(method)
-
-
-for _method in registry.registered():
-    if _method.kind == "frequency" and _method.dynamic:
-        register_dynamic(_method.name)

@@ -53,6 +53,8 @@ def near_block(window: int) -> int:
 
 def window_mask(p0: int, rows: int, lo: int, hi: int, window: int, dtype, device) -> torch.Tensor | None:
     """Additive [rows, hi - lo] mask: row p0 + a sees key lo + b iff 0 <= (p0 + a) - (lo + b) < window."""
+    if p0 >= hi - 1 and p0 + rows - 1 - lo < window:  # every distance in [0, window): no mask (decode)
+        return None
     d = torch.arange(p0, p0 + rows, device=device)[:, None] - torch.arange(lo, hi, device=device)[None, :]
     allowed = (d >= 0) & (d < window)
     if bool(allowed.all()):
@@ -88,7 +90,8 @@ def near_keys(module, call: Call, reach: int) -> torch.Tensor:
         return rotate(call.key[:, :, reach:], call.k_pos[:, reach:], call.inv_freq)
     tag = ("near_key", tuple(call.inv_freq.tolist()))
     turn = lambda x, p: rotate(x, p, call.inv_freq)  # noqa: E731
-    return rotated_cache.window_rows(module, "near_key", tag, call.key, call.k_pos, reach, turn)
+    offset = call.key.shape[2] - 1
+    return rotated_cache.rotated(module, "near_key", tag, call.key, call.k_pos, offset, turn, start=reach)
 
 
 def near_regular(module, call: Call, window: int, scale: float, grad: bool):

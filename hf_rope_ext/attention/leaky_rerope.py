@@ -5,21 +5,22 @@ Far band: query rotated by m/factor + window - window/factor, key by n/factor (f
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from ..registry import RopeMethod
 from .params import FACTOR, FAMILIES, WINDOWED, check_window
-from .rotation import plain_rope
-from .scoring import register_attention
-from .windowed import WindowedScorer
+from .table import plain_rope, register_attention, windowed
+
+if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
+    from torch import Tensor
 
 
-def far_query(m: torch.Tensor, params: dict) -> torch.Tensor:
+def far_query(m: Tensor, params: dict) -> Tensor:
     w, f = float(params["window"]), float(params["factor"])
     return m.double() / f + (w - w / f)
 
 
-def far_key(n: torch.Tensor, params: dict) -> torch.Tensor:
+def far_key(n: Tensor, params: dict) -> Tensor:
     return n.double() / float(params["factor"])
 
 
@@ -34,5 +35,5 @@ METHOD = register_attention(
         families=FAMILIES,
         example={"window": 16, "factor": 4.0},
     ),
-    WindowedScorer(far_query, far_key),
+    windowed(far_query, far_key),
 )

@@ -40,7 +40,9 @@ def key_positions(q_pos: torch.Tensor, mask: torch.Tensor | None, kv_len: int) -
     batch, q_len = q_pos.shape
     if kv_len == q_len:
         return q_pos
-    if mask is not None and mask.shape[-1] != kv_len:
+    if mask is None:  # every key visible: consecutive positions up to the newest query's
+        return q_pos[:, -1:] - torch.arange(kv_len - 1, -1, -1, device=q_pos.device)
+    if mask.shape[-1] != kv_len:
         raise ValueError(f"attention mask with {mask.shape[-1]} key columns does not fit {kv_len} keys")
     visible = visible_keys(mask, batch, kv_len, q_pos.device).long()
     after = visible.sum(-1, keepdim=True) - visible.cumsum(-1)  # visible keys strictly after each key

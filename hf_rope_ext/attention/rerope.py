@@ -5,21 +5,22 @@ Beyond the window the query is rotated by ``window`` and the key is not rotated 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from ..registry import RopeMethod
 from .params import FAMILIES, WINDOWED, check_window
-from .rotation import plain_rope
-from .scoring import register_attention
-from .windowed import WindowedScorer
+from .table import plain_rope, register_attention, windowed
+
+if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
+    from torch import Tensor
 
 
-def far_query(m: torch.Tensor, params: dict) -> torch.Tensor:
-    return torch.full_like(m, int(params["window"]))
+def far_query(m: Tensor, params: dict) -> Tensor:
+    return m.new_full(m.shape, int(params["window"]))
 
 
-def far_key(n: torch.Tensor, params: dict) -> torch.Tensor:
-    return torch.zeros_like(n)
+def far_key(n: Tensor, params: dict) -> Tensor:
+    return n.new_zeros(n.shape)
 
 
 METHOD = register_attention(
@@ -33,5 +34,5 @@ METHOD = register_attention(
         families=FAMILIES,
         example={"window": 16},
     ),
-    WindowedScorer(far_query, far_key),
+    windowed(far_query, far_key),
 )

@@ -1,7 +1,9 @@
 """Rotating queries, keys, values and outputs by arbitrary (integer or fractional) positions.
 
 Angles are formed in float64 (position * theta_i can reach 1e5 rad at 128k tokens, where float32 keeps only
-~1e-2 rad), then cos/sin are cast to float32 and applied by :func:`hf_rope_ext.rotary.apply_rotary`. The in-model
+~1e-2 rad), then cos/sin of each pair's angle are cast to float32 and applied with products in float32, as
+:func:`hf_rope_ext.rotary.apply_rotary` does, but without its temporaries of the tensor's size (without autograd,
+two multiplies and two fused multiply-adds into one buffer; xPos's per-pair scale rides on cos/sin). The in-model
 layout is always ``"half"`` (pairs (i, i + d/2)); interleaved checkpoints are converted on load (layout.py).
 """
 
@@ -12,9 +14,8 @@ import functools
 import torch
 
 from ..frequencies.common import inv_freq_for_base, rope_setup
-from ..rotary import apply_rotary
 
-LAYOUT = "half"
+LAYOUT = "half"  # pairs (i, i + r/2)
 
 
 def base_inv_freq(config, layer_type: str | None = None, device=None) -> torch.Tensor:
@@ -28,44 +29,61 @@ def _inv_freq64(base: float, dim: int, device: str) -> torch.Tensor:
     return inv_freq_for_base(base, dim, device, dtype=torch.float64)
 
 
-def cos_sin64(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [B, L] x inv_freq [d/2] -> cos, sin [B, 1, L, d] (half layout, head axis 1), float32."""
+def half_cos_sin64(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, L] x inv_freq [d/2] -> cos, sin [B, 1, L, d/2] of one half (pair i's angle), float32."""
     if torch.is_autocast_enabled(positions.device.type):
         with torch.autocast(device_type=positions.device.type, enabled=False):
-            return cos_sin64(positions, inv_freq)
-    a = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device, torch.float64)
-    a = torch.cat((a, a), dim=-1)[:, None]
+            return half_cos_sin64(positions, inv_freq)
+    a = positions.to(torch.float64)[:, None, :, None] * inv_freq.to(positions.device, torch.float64)
     return a.cos().float(), a.sin().float()
 
 
 ROWS = 2048  # rows per piece when rotating or scaling long tensors without autograd (bounds the temporaries)
 
 
-def by_rows(function, x: torch.Tensor, per_row: torch.Tensor, axis: int, *args) -> torch.Tensor:
-    """``function(x, per_row, *args)`` with x [B, H, L, ...] and per_row's ``axis`` of length L cut into pieces of
-    ROWS rows written into one output (row-wise functions only), so float32 temporaries stay a few pieces large."""
+def by_rows(function, x: torch.Tensor, *per_row: tuple[torch.Tensor, int]) -> torch.Tensor:
+    """``function(x, *tensors)`` with x [B, H, L, ...] and each (tensor, axis) of ``per_row`` (length L along axis)
+    cut into pieces of ROWS rows written into one output (row-wise functions only), so float32 temporaries stay a
+    few pieces large."""
     rows = x.shape[2]
     if rows <= ROWS or (torch.is_grad_enabled() and x.requires_grad):
-        return function(x, per_row, *args)
+        return function(x, *(t for t, _ in per_row))
     out = x.new_empty(x.shape)
     for i in range(0, rows, ROWS):
-        out[:, :, i : i + ROWS] = function(x[:, :, i : i + ROWS], per_row.narrow(axis, i, min(ROWS, rows - i)), *args)
+        n = min(ROWS, rows - i)
+        out[:, :, i : i + n] = function(x[:, :, i : i + n], *(t.narrow(axis, i, n) for t, axis in per_row))
     return out
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, H, L, head_dim] by positions [B, L]; dims past the rotary dim pass through (partial rotary)."""
-    return by_rows(_rotate, x, positions, 1, inv_freq)
+def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log_scale=None) -> torch.Tensor:
+    """Rotate x [B, H, L, head_dim] by positions [B, L]; dims past the rotary dim pass through (partial rotary).
+    ``log_scale`` [B, 1, L, d/2] (xPos): each rotary pair also multiplied by its exp, in the same pass."""
+    if log_scale is None:
+        return by_rows(lambda x, p: _rotate(x, p, inv_freq), x, (positions, 1))
+    return by_rows(lambda x, p, s: _rotate(x, p, inv_freq, s), x, (positions, 1), (log_scale, 2))
 
 
-def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    cos, sin = cos_sin64(positions, inv_freq)
-    return apply_rotary(x, cos, sin, LAYOUT)
+def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log_scale=None) -> torch.Tensor:
+    """(x1, x2) -> (x1 c - x2 s, x2 c + x1 s) per pair (i, i + r/2), in float32, cast back to x's dtype."""
+    cos, sin = half_cos_sin64(positions, inv_freq)  # [B, 1, L, r/2]
+    if log_scale is not None:
+        scale = torch.exp(log_scale).float()
+        cos, sin = cos * scale, sin * scale
+    h = cos.shape[-1]
+    x1, x2 = x[..., :h].float(), x[..., h : 2 * h].float()
+    if torch.is_grad_enabled() and x.requires_grad:
+        turned = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    else:  # written in place into one buffer: no temporaries of x's size
+        turned = x1.new_empty((*x.shape[:-1], 2 * h))
+        torch.mul(x1, cos, out=turned[..., :h]).addcmul_(x2, sin, value=-1)
+        torch.mul(x2, cos, out=turned[..., h:]).addcmul_(x1, sin)
+        turned = turned.to(x.dtype)
+    return torch.cat((turned, x[..., 2 * h :]), dim=-1) if x.shape[-1] > 2 * h else turned
 
 
 def scale_pairs(x: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
     """Multiply each rotary pair of x [B, H, L, head_dim] by exp(log_scale) [B, 1, L, d/2]; other dims unchanged."""
-    return by_rows(_scale_pairs, x, log_scale, 2)
+    return by_rows(_scale_pairs, x, (log_scale, 2))
 
 
 def _scale_pairs(x: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
@@ -73,8 +91,3 @@ def _scale_pairs(x: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
     d = s.shape[-1]
     scaled = (x[..., :d].float() * s).to(x.dtype)
     return torch.cat((scaled, x[..., d:]), dim=-1) if x.shape[-1] > d else scaled
-
-
-def plain_rope(config, device=None, seq_len=None, layer_type=None):
-    """The frequencies an attention-level type rotates by (plain RoPE), in ROPE_INIT_FUNCTIONS' signature."""
-    return base_inv_freq(config, layer_type, device).float(), 1.0

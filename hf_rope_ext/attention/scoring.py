@@ -18,6 +18,7 @@ from . import rotated_cache
 from .kernel import Bands
 from .lse import expand_heads
 from .rotation import base_inv_freq, rotate
+from .table import SCORERS
 
 
 @dataclass
@@ -90,18 +91,6 @@ class Scorer:
         """(queries [B, H, c, d], keys [B, Hkv, kv, d]) of one chunk, ready for plain attention."""
         q = rotate(call.query[:, :, rows], call.q_pos[:, rows], call.inv_freq)
         return q, self.fast_keys(module, call, old_rows)
-
-
-SCORERS: dict[str, Scorer] = {}
-
-
-def register_attention(method: registry.RopeMethod, scorer: Scorer) -> registry.RopeMethod:
-    """Register an attention-level rope type: its registry entry and the scorer the attention function uses."""
-    if method.kind != "attention":
-        raise ValueError(f"rope_type {method.name!r} has kind={method.kind!r}; only 'attention' types have scorers")
-    registry.register(method)
-    SCORERS[method.name] = scorer
-    return method
 
 
 def filled(params: dict, method: registry.RopeMethod) -> dict:

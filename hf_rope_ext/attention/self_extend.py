@@ -6,22 +6,23 @@ the query is rotated by m//g + window - window//g, the key by n//g.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from ..registry import RopeMethod
 from .params import FAMILIES, GROUP_SIZE, WINDOWED, check_window
-from .rotation import plain_rope
-from .scoring import register_attention
-from .windowed import WindowedScorer
+from .table import plain_rope, register_attention, windowed
+
+if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
+    from torch import Tensor
 
 
-def far_query(m: torch.Tensor, params: dict) -> torch.Tensor:
+def far_query(m: Tensor, params: dict) -> Tensor:
     g, w = int(params["group_size"]), int(params["window"])
-    return torch.div(m, g, rounding_mode="floor") + (w - w // g)
+    return m.div(g, rounding_mode="floor") + (w - w // g)
 
 
-def far_key(n: torch.Tensor, params: dict) -> torch.Tensor:
-    return torch.div(n, int(params["group_size"]), rounding_mode="floor")
+def far_key(n: Tensor, params: dict) -> Tensor:
+    return n.div(int(params["group_size"]), rounding_mode="floor")
 
 
 METHOD = register_attention(
@@ -35,5 +36,5 @@ METHOD = register_attention(
         families=FAMILIES,
         example={"window": 16, "group_size": 4},
     ),
-    WindowedScorer(far_query, far_key),
+    windowed(far_query, far_key),
 )

@@ -1,14 +1,18 @@
 """What every frequency function needs from a config: its rope parameters, rotary dim, base and L0.
 
 All frequencies are computed in fp32 (or fp64 when asked) with autocast off; callers cast afterwards.
+torch is imported inside the functions that compute, so that the method modules (and ``hf-rope-ext list``, which
+reads their table) import without it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -35,13 +39,17 @@ def rope_setup(config, layer_type: str | None = None) -> RopeSetup:
     return RopeSetup(params, dim, float(params["rope_theta"]), int(original), int(config.max_position_embeddings))
 
 
-def exponents(dim: int, device=None, dtype=torch.float32) -> torch.Tensor:
-    """2i/d for i = 0 .. d/2-1, shape [d/2]."""
-    return torch.arange(0, dim, 2, device=device, dtype=torch.int64).to(dtype) / dim
+def exponents(dim: int, device=None, dtype=None) -> torch.Tensor:
+    """2i/d for i = 0 .. d/2-1, shape [d/2], in ``dtype`` (float32 when None)."""
+    import torch
+
+    return torch.arange(0, dim, 2, device=device, dtype=torch.int64).to(dtype or torch.float32) / dim
 
 
-def inv_freq_for_base(base: float, dim: int, device=None, dtype=torch.float32) -> torch.Tensor:
-    """theta_i = base^(-2i/d), shape [d/2], computed with autocast off."""
+def inv_freq_for_base(base: float, dim: int, device=None, dtype=None) -> torch.Tensor:
+    """theta_i = base^(-2i/d), shape [d/2], in ``dtype`` (float32 when None), computed with autocast off."""
+    import torch
+
     with torch.autocast(device_type="cpu", enabled=False):
         return 1.0 / (base ** exponents(dim, device, dtype))
 
@@ -60,15 +68,17 @@ def correction_range(fast: float, slow: float, dim: int, base: float, length: in
     return max(low, 0), min(high, dim - 1)
 
 
-def ramp(low: float, high: float, n: int, device=None, dtype=torch.float32) -> torch.Tensor:
-    """0 up to ``low``, 1 from ``high`` on, linear between; shape [n]."""
+def ramp(low: float, high: float, n: int, device=None, dtype=None) -> torch.Tensor:
+    """0 up to ``low``, 1 from ``high`` on, linear between; shape [n], float32 when ``dtype`` is None."""
+    import torch
+
     if low == high:
         high += 0.001  # avoid dividing by zero when the ramp collapses to a step
-    return ((torch.arange(n, device=device, dtype=dtype) - low) / (high - low)).clamp(0, 1)
+    return ((torch.arange(n, device=device, dtype=dtype or torch.float32) - low) / (high - low)).clamp(0, 1)
 
 
 def as_float(seq_len) -> float | None:
     """``seq_len`` arrives as None, an int or a 0-d tensor (transformers' dynamic updater)."""
     if seq_len is None:
         return None
-    return float(seq_len.item() if isinstance(seq_len, torch.Tensor) else seq_len)
+    return float(seq_len.item() if hasattr(seq_len, "item") else seq_len)
