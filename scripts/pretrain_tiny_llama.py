@@ -325,8 +325,9 @@ def model_card(s: dict) -> str:
         "---",
         "# tiny-llama-stdlib",
         "",
-        "A tiny Llama pretrained by `hf-rope-ext` on the Python standard library's source, shipped as the",
-        "package's default model for context-extension demos (`hf-rope-ext extend`). Not useful for anything else.",
+        "A tiny Llama pretrained by `hf-rope-ext` on the Python standard library's source (and, where the table",
+        "says so, synthetic retrieval tasks), shipped as the package's default model for context-extension demos",
+        "(`hf-rope-ext extend`). Not useful for anything else.",
         "",
         "| | |",
         "| --- | --- |",
@@ -343,16 +344,51 @@ def model_card(s: dict) -> str:
         f"| held-out loss ({s['eval_seqs']} eval-split windows of {s['seq_len']}) | {s['eval_loss']:.4f} "
         f"nats/token (perplexity {math.exp(s['eval_loss']):.3f}) |",
         f"| hardware / time | {s['device']}, {s['elapsed_s'] / 60:.1f} min |",
+        *retrieval_rows(s),
         "",
-        "Reproduce (same device type gives the same weights):",
-        "",
-        "```bash",
-        s["command"],
-        "```",
+        *reproduce_lines(s),
         "",
         "Reading beyond 512 tokens needs a RoPE scaling method; see `hf-rope-ext extend`.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def stages(s: dict) -> list[dict]:
+    """The chain of runs that made this model, oldest first (each warm start's record is in its successor's)."""
+    chain = []
+    while s is not None:
+        chain.append(s)
+        s = s.get("init_from_training")
+    return chain[::-1]
+
+
+def retrieval_rows(s: dict) -> list[str]:
+    """Card rows on the synthetic tasks, for a run that had them."""
+    if "passkey_1x" not in s:
+        return []
+    drill = f"copy drill {s['drill']} (lr:steps), then " if s.get("drill") else ""
+    return [
+        f"| retrieval training | {drill}{s['synthetic']:.0%} synthetic rows per batch (pass keys, lookups, copies) |",
+        f"| pass key at {s['seq_len']} tokens, unscaled | {s['passkey_1x']:.0%} of {s['passkey_keys']} keys, "
+        "depths 0-100% |",
+    ]
+
+
+def reproduce_lines(s: dict) -> list[str]:
+    """The commands that reproduce the model: one per run of its chain, in order."""
+    chain = stages(s)
+    lines = [
+        "Reproduce (same device type gives the same weights):"
+        if len(chain) == 1
+        else f"Reproduce (same device type gives the same weights): {len(chain)} runs in order, each warm-starting "
+        "from the one before (held-out loss and steps at the end of each):"
+    ]
+    lines += ["", "```bash"]
+    for run in chain:
+        if len(chain) > 1:
+            lines.append(f"# {run['step']} of {run['max_steps']} steps, held-out loss {run['eval_loss']:.4f}")
+        lines.append(run["command"])
+    return lines + ["```"]
 
 
 def build_model(args, vocab_size: int):
