@@ -91,6 +91,7 @@ def plot(records: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
 
     runs = sorted({(r["rope_type"], r["schedule"]) for r in records})
@@ -99,11 +100,16 @@ def plot(records: list[dict], path: Path) -> None:
     x = np.arange(len(runs))
     for ax, measure in zip(axes, ("passkey_accuracy", "far_context_ratio"), strict=True):
         for shift, when, colour in ((-0.2, "before", "#9e9e9e"), (0.2, "after", "#1f77b4")):
-            ax.bar(x + shift, [value[(*run, when, measure)] for run in runs], 0.4, label=when, color=colour)
+            bars = ax.bar(x + shift, [value[(*run, when, measure)] for run in runs], 0.4, label=when, color=colour)
+            ax.bar_label(bars, fmt="%.3g", fontsize=8)
         ax.set_xticks(x, [f"{t}\n{s}" for t, s in runs])
         ax.set_title(measure.replace("_", " "))
         ax.legend()
     axes[1].axhline(1.0, color="black", lw=0.8, ls="--")  # the sliding-window baseline
+    axes[1].set_yscale("log")  # ratios around 1 and far above it in one panel
+    axes[1].yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=2))  # ..., 0.5, 1, 2, 4, ...
+    axes[1].yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    axes[1].yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     fig.suptitle(f"LoRA at {records[0]['length']} tokens: before and after")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
