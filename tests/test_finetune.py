@@ -327,8 +327,16 @@ def test_cli_runs_and_refuses_an_existing_folder(base, data, tmp_path, capsys):
         "beta_fast=16",
         "--batch-size",
         "1",
+        "--eval-lengths",
+        str(2 * L0),
+        "--eval-rows",
+        "1",
+        "--eval-far-context",
     ]
     assert main(argv) == 0
+    printed = [line.split() for line in capsys.readouterr().out.splitlines() if "far-context ratio" in line]
+    records = json.loads((out / "eval_results.json").read_text())
+    assert [(p[0], float(p[-1])) for p in printed] == [(r["when"], round(r["far_context_ratio"], 4)) for r in records]
     saved = json.loads((out / "config.json").read_text())["rope_parameters"]
     assert saved["rope_type"] == "yarn" and saved["factor"] == 4.0 and saved["beta_fast"] == 16
     assert [r.split(",")[2] for r in (out / "logs" / "train_log.csv").read_text().splitlines()[1:]] == ["64", "128"]

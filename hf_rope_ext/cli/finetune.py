@@ -168,7 +168,8 @@ def run(args) -> int:
         return 0
     for record in result["results"]:
         passkey = f"  passkey {record['passkey_accuracy']:.2f}" if "passkey_accuracy" in record else ""
-        print(f"{record['when']:>6}  length {record['length']:>6}  perplexity {record['perplexity']:.4f}{passkey}")
+        far = f"  far-context ratio {record['far_context_ratio']:.4f}" if "far_context_ratio" in record else ""
+        print(f"{record['when']:>6}  length {record['length']:>6}  perplexity {record['perplexity']:.4f}{passkey}{far}")
     print(f"adapter: {result['out']}" + (f"\nmerged model: {result['merged']}" if result["merged"] else ""))
     return 0
 
