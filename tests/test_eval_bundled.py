@@ -7,10 +7,11 @@ import math
 import sys
 from pathlib import Path
 
+import conftest
 import numpy as np
 import pytest
 import torch
-from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import ByT5Tokenizer
 
 from hf_rope_ext import bundled
 from hf_rope_ext.eval import load_model, load_tokenizer, truncated_perplexity
@@ -91,17 +92,7 @@ def test_copy_drill_windows_repeat_one_random_string():
 def test_copy_drill_runs_each_phase_and_reports_its_loss():
     script = pretrain_script()
     args = script.parse_args(["--drill", "1e-3:2,5e-3:3", "--drill-len", "32", "--drill-batch", "2"])
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=384,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=16,
-    )
-    model = LlamaForCausalLM(config)
+    model = conftest.tiny_model("llama", **{**conftest.SMALL, "vocab_size": 384}).train()
     before = [p.detach().clone() for p in model.parameters()]
     phases = script.copy_drill(model, args)
     assert [(p["lr"], p["steps"]) for p in phases] == [(1e-3, 2), (5e-3, 3)] and all(0 < p["loss"] < 10 for p in phases)

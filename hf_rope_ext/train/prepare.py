@@ -105,18 +105,14 @@ class Job:
         from ..eval.far_context import sliding_window_baseline, with_far_context
 
         cfg, total = self.cfg, max(self.cfg.eval_lengths)
+        docs, l0 = self.eval_documents, self.pretrain
         if self.far_baseline is None:
             base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(self.accelerator.device)
-            docs, l0 = self.eval_documents, self.pretrain
             self.far_baseline = sliding_window_baseline(base, docs, total, l0, l0 - 1, cfg.eval_rows)
             del base
-        short = [r for r in records if r["length"] < self.pretrain]
-        far = [r for r in records if r["length"] >= self.pretrain]
-        with torch.no_grad():
-            far = with_far_context(
-                model, far, self.eval_documents, total, self.pretrain, self.far_baseline, cfg.eval_rows, progress=False
-            )
-        return short + far
+        short = [r for r in records if r["length"] < l0]
+        far = [r for r in records if r["length"] >= l0]
+        return short + with_far_context(model, far, docs, total, l0, self.far_baseline, cfg.eval_rows, progress=False)
 
     def save(self, out: Path, model, rows: list[dict], log_dir: Path) -> dict:
         """Adapter, extended config, tokenizer, results and card; the merged model on request. ``model`` is the
@@ -255,9 +251,8 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
         check_fp16(model, torch.tensor(datasets[0][:1]["input_ids"], device=state.device))
     log_dir = Path(cfg.log_dir) if cfg.log_dir else Path(cfg.out) / "logs"
     accelerator = make_accelerator(cfg, precision, log_dir)
-    job = Job(cfg, accelerator, tokenizer, config, model, stages, datasets, settings_of(cfg), eval_documents)
-    job.pretrain = pretrain
-    return job
+    parts = (cfg, accelerator, tokenizer, config, model, stages, datasets, settings_of(cfg), eval_documents)
+    return Job(*parts, pretrain=pretrain)
 
 
 def check_far_context(cfg: FinetuneConfig, pretrain: int) -> None:
