@@ -3,7 +3,9 @@
 - ``ROPE_INIT_FUNCTIONS[name]``: the frequency function of each of this package's rope types;
 - ``RotaryEmbeddingConfigMixin._validate_<name>_rope_parameters``: validation when a config is built;
 - ``get_model_conversion_mapping``: the RoPE layout converters, for models whose config says "interleaved";
-- ``AttentionInterface``: the attention-level types.
+- ``AttentionInterface``: the attention-level types;
+- a forward pre-hook on the attention modules of those types that reads the module's ``DynamicLayer`` of the
+  KV cache before its update (``watch_cache``), so that decoding can skip re-checking rows it already rotated.
 
 ``install()`` is idempotent and leaves every built-in entry untouched, so stock behaviour is unchanged
 for models that do not name one of this package's types.
@@ -13,14 +15,17 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 
 import torch
 from transformers import conversion_mapping, modeling_utils
+from transformers.cache_utils import Cache, DynamicLayer
 from transformers.core_model_loading import ConversionOps, WeightConverter
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
 from transformers.modeling_utils import AttentionInterface
 
 from . import registry
+from .attention import rotated_cache
 from .attention.dispatch import attend, attention_type_of, check_module
 from .attention.scoring import routes_through_attention
 from .configure import restore_legacy_theta
@@ -307,11 +312,37 @@ def _family_eager(module):
     return _FAMILY_EAGER[cls]
 
 
+_WATCHED: weakref.WeakSet = weakref.WeakSet()  # attention modules with the cache hook
+
+
+def _dynamic_layer(module, cache):
+    """The module's layer of ``cache`` when it is exactly transformers' ``DynamicLayer`` (whose update is one
+    concatenation), else None."""
+    layers, index = getattr(cache, "layers", None), getattr(module, "layer_idx", None)
+    if not isinstance(cache, Cache) or not isinstance(layers, list) or not isinstance(index, int):
+        return None
+    layer = layers[index] if 0 <= index < len(layers) else None
+    return layer if type(layer) is DynamicLayer else None
+
+
+def _before_attention(module, args, kwargs) -> None:
+    rotated_cache.before_forward(module, _dynamic_layer(module, kwargs.get("past_key_values")))
+
+
+def watch_cache(module) -> None:
+    """Hook ``module`` (an attention module of one of the package's types) once: before each forward, its cache
+    layer goes to ``rotated_cache.before_forward``. From the module's next forward on."""
+    if module not in _WATCHED:
+        module.register_forward_pre_hook(_before_attention, with_kwargs=True)
+        _WATCHED.add(module)
+
+
 def _rope_attention(implementation: str, stock):
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
         if attention_type_of(module) is None:
             function = stock if stock is not None else _family_eager(module)
             return function(module, query, key, value, attention_mask, *args, **kwargs)
+        watch_cache(module)
         return attend(implementation, module, query, key, value, attention_mask, *args, **kwargs)
 
     attention.hf_rope_ext_stock = stock

@@ -18,6 +18,14 @@ FAMILIES = {
     "stablelm": {"partial_rotary_factor": 0.5},
     "qwen3": {"head_dim": 24},
 }
+# rope_type -> small parameters of each attention-level type for tiny models (windows shorter than the prompts)
+ATTENTION_PARAMS = {
+    "rerope": {"window": 4},
+    "leaky_rerope": {"window": 4, "factor": 3.0},
+    "self_extend": {"window": 4, "group_size": 3},
+    "xpos": {"scale_base": 8.0},
+    "roper": {"value_rotary_factor": 1.0},
+}
 TINY = dict(
     vocab_size=97,
     hidden_size=64,

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import ATTENTION_PARAMS, tiny_model
 
 from hf_rope_ext import registry
 
 ATTENTION_METHODS = [m for m in registry.methods() if m.kind == "attention"]
-PARAMS = {
-    "rerope": {"window": 4},
-    "leaky_rerope": {"window": 4, "factor": 3.0},
-    "self_extend": {"window": 4, "group_size": 3},
-    "xpos": {"scale_base": 8.0},
-    "roper": {"value_rotary_factor": 1.0},
-}
+PARAMS = ATTENTION_PARAMS
 
 
 def left_padded_batch():

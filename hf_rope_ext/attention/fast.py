@@ -6,6 +6,8 @@ Two-band types (ReRoPE, leaky ReRoPE, Self-Extend) as two passes merged by their
   against only the keys in reach, with a [block, block + window] band mask;
 - far band: n <= m - window, queries rotated by ``far_query(m)``, keys by ``far_key(n)`` (ReRoPE: not at all),
   as causal attention shifted by the window, in blocks of ``FAR_BLOCK`` rows (``lse.causal_lse``: no mask).
+  Decoding (one query after a cache longer than the window) takes both bands in one call instead
+  (``two_band_decode``): the window's keys turned to meet the far query, over remembered far keys.
 This index arithmetic needs "regular" positions: each row's positions consecutive, queries the newest keys
 (no cache, a cache extended by generate, shifted positions). Any given mask or irregular positions (left padding,
 packed sequences, sliding-window masks) take the masked path: query blocks of at most ``MASK_BUDGET`` [rows x kv]
@@ -24,7 +26,7 @@ from . import rotated_cache
 from .kernel import additive
 from .lse import attention_lse, causal_lse, merge, needs_grad
 from .positions import chunk_mask
-from .rotation import rotate
+from .rotation import rotate, rotate_each_row_by
 from .scoring import Call, Scorer
 
 FAR_BLOCK = 1024  # query rows per far-band block: its rotated queries and outputs are the temporaries
@@ -122,6 +124,37 @@ def far_keys(scorer, module, call: Call, old_rows: int) -> torch.Tensor:
         return rotate(x, scorer.far_key(positions, call.params), call.inv_freq)
 
     return rotated_cache.rotated(module, "far_key", tag, call.key, call.k_pos, old_rows, far)
+
+
+def decoding(call: Call) -> bool:
+    """One query after a cache longer than the window, without autograd: ``two_band_decode`` applies."""
+    q_len, kv = call.query.shape[2], call.key.shape[2]
+    return q_len == 1 and kv > int(call.params["window"]) and not needs_grad(call.query, call.key, call.value)
+
+
+def two_band_decode(scorer, module, call: Call, scale: float) -> torch.Tensor:
+    """Both bands of one query in one attention call, [B, H, 1, dv]. The query is rotated for the far band,
+    R(f(m)) q; far keys n <= m - window are R(g(n)) k as remembered across steps (f, g: ``far_query``,
+    ``far_key``); the window's keys are rotated by n - m + f(m), so that their product with the far query is
+    the near score (R(m) q) . (R(n) k): the remembered R(n) k of the window (``near_keys``) turned by
+    f(m) - m, one angle per pair, written over the last ``window`` rows of the remembered far keys, which
+    are not kept (each step rotates one more far row and turns the window anew)."""
+    window, kv = int(call.params["window"]), call.key.shape[2]
+    reach = kv - window  # keys [reach, kv) are in the window (regular positions)
+    far_positions = scorer.far_query(call.q_pos, call.params)  # [B, 1]
+    unrotated = not bool(scorer.far_key(call.k_pos, call.params).any())  # ReRoPE: far keys at position 0
+    params = tuple(sorted(map(str, call.params.items())))
+    tag = ("decode_key", id(scorer), unrotated, tuple(call.inv_freq.tolist()), params)
+
+    def far(x, positions):
+        return rotate(x, scorer.far_key(positions, call.params), call.inv_freq)
+
+    turn = None if unrotated else far  # None: the buffer is a copy of the keys
+    keys = rotated_cache.rotated(module, "decode_key", tag, call.key, call.k_pos, kv - 1, turn, own=reach)
+    near = near_keys(module, call, reach)  # R(n) k, n in [reach, kv)
+    rotate_each_row_by(near, far_positions - call.q_pos, call.inv_freq, out=keys[:, :, reach:])
+    q = rotate(call.query, far_positions, call.inv_freq)
+    return attention_lse(q, keys, call.value, None, False, scale)[0]
 
 
 def two_band_regular(scorer, module, call: Call, scale: float) -> torch.Tensor:
@@ -226,5 +259,7 @@ def run(scorer, module, call: Call, mask, causal: bool, scale: float, dropout: f
     if scorer.bands_count == 1:
         return single_band(scorer, module, call, mask, causal, scale)
     if mask is None and causal and regular(call, mask):
+        if decoding(call):
+            return two_band_decode(scorer, module, call, scale)
         return two_band_regular(scorer, module, call, scale)
     return two_band_masked(scorer, module, call, mask, causal, scale)

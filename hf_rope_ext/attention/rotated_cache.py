@@ -11,6 +11,14 @@ the cached keys a step pays (read as 8-byte words, 1.7x faster than comparing fl
 8 heads x 64 dims in fp32 on this CPU); it holds whatever the cache does (transformers' DynamicCache makes a new
 tensor by concatenation at every step, a static cache writes in place, beam search reorders rows, assisted
 generation crops and refills), and anything that differs (another prompt, a reordered or cropped cache) recomputes.
+
+Comparing costs about a third of a decode step at 4k keys, so it is skipped when the rows are known to be the
+same by construction: a forward pre-hook (``_transformers.watch_cache``) hands ``before_forward`` the module's
+cache layer when it is transformers' ``DynamicLayer``; if that layer's keys (or values) before this step's update
+are the very tensor the last call rotated, unmodified since (same object, same ``_version``), and the call's
+source is the layer's tensor after the update, then the update was one concatenation onto that tensor and the
+old rows are its rows. Reordering, cropping, offloading or an in-place write replaces the object or bumps its
+version, and any other cache class, or a call without the hook, compares as above.
 """
 
 from __future__ import annotations
@@ -30,6 +38,10 @@ class Entry:
     source: torch.Tensor  # [B, Hkv, capacity, d]: a copy of the unrotated rows
     positions: torch.Tensor  # [B, capacity] int64
     rotated: torch.Tensor  # [B, Hkv, capacity, d]: the rotated rows
+    seen: weakref.ref | None = None  # the source tensor of the last call
+    seen_version: int = -1  # its _version then
+    seen_rows: int = 0  # its rows
+    follows: tuple | None = None  # (weakref to a DynamicLayer, "keys" or "values"): set by before_forward
 
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {purpose: Entry}
@@ -45,9 +57,30 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return False
 
 
-def reusable_end(entry: Entry | None, tag: tuple, source: torch.Tensor, positions: torch.Tensor, rows: range) -> int:
+def before_forward(module, layer) -> None:
+    """Before ``module``'s forward: ``layer`` is its cache layer (a ``DynamicLayer``) or None. Marks each entry
+    whose last source is that layer's keys or values as they are now, unmodified, as continued by this step."""
+    for entry in _MEMORY.get(module, {}).values():
+        seen = entry.seen() if entry.seen is not None and layer is not None else None
+        kind = next((k for k in ("keys", "values") if seen is not None and getattr(layer, k, None) is seen), None)
+        fresh = kind is not None and seen._version == entry.seen_version
+        entry.follows = (weakref.ref(layer), kind) if fresh else None
+
+
+def continued(entry: Entry, source: torch.Tensor, old_rows: int) -> bool:
+    """Whether ``source`` is the layer's tensor after one concatenation onto the entry's last source (so its
+    first ``old_rows`` rows are that source's: see the module docstring). Consumes the mark."""
+    follows, entry.follows = entry.follows, None
+    layer = follows[0]() if follows is not None else None
+    return layer is not None and getattr(layer, follows[1], None) is source and old_rows == entry.seen_rows
+
+
+def reusable_end(
+    entry: Entry | None, tag: tuple, source: torch.Tensor, positions: torch.Tensor, rows: range, same: bool = False
+) -> int:
     """The end of the key rows from ``rows.start`` on (at most ``rows.stop``) that ``entry`` holds exactly as
-    rotating ``source`` would give them; ``rows.start`` when none."""
+    rotating ``source`` would give them; ``rows.start`` when none. ``same``: the rows are known to be the
+    entry's (``continued``), only tag, positions and layout are checked."""
     start = rows.start
     if entry is None or entry.tag != tag or not entry.base <= start < min(rows.stop, entry.end):
         return start
@@ -57,7 +90,7 @@ def reusable_end(entry: Entry | None, tag: tuple, source: torch.Tensor, position
     mine = slice(start - entry.base, end - entry.base)
     if not torch.equal(entry.positions[:, mine], positions[:, start:end]):
         return start
-    return end if same_bits(held[:, :, mine], source[:, :, start:end]) else start
+    return end if same or same_bits(held[:, :, mine], source[:, :, start:end]) else start
 
 
 def fits(entry: Entry | None, source: torch.Tensor, fresh: torch.Tensor, start: int) -> bool:
@@ -65,6 +98,8 @@ def fits(entry: Entry | None, source: torch.Tensor, fresh: torch.Tensor, start: 
     if entry is None or entry.base > start or source.shape[2] - entry.base > entry.source.shape[2]:
         return False
     held, out = entry.source, entry.rotated
+    if (out is held) != (fresh is source):  # one shared buffer, or two
+        return False
     return (held.shape[:2], held.shape[3], held.dtype, held.device, out.shape[3], out.dtype) == (
         source.shape[:2],
         source.shape[3],
@@ -82,14 +117,9 @@ def room(entry: Entry | None, start: int, end: int, source, positions, fresh) ->
         return entry
     b, h, kv, d = source.shape
     capacity = kv - start + max(64, (kv - start) // 8)
-    grown = Entry(
-        (),
-        start,
-        start,
-        source.new_empty((b, h, capacity, d)),
-        positions.new_empty((b, capacity)),
-        fresh.new_empty((b, h, capacity, fresh.shape[3])),
-    )
+    copy = source.new_empty((b, h, capacity, d))
+    turned = copy if fresh is source else fresh.new_empty((b, h, capacity, fresh.shape[3]))
+    grown = Entry((), start, start, copy, positions.new_empty((b, capacity)), turned)
     if end > start:
         old = slice(start - entry.base, end - entry.base)
         put(grown, start, end, entry.source[:, :, old], entry.positions[:, old], entry.rotated[:, :, old])
@@ -97,9 +127,12 @@ def room(entry: Entry | None, start: int, end: int, source, positions, fresh) ->
 
 
 def put(entry: Entry, start: int, end: int, source, positions, rotated) -> None:
-    """Write key rows [start, end): their unrotated copy, positions and rotation."""
+    """Write key rows [start, end): their unrotated copy, positions and rotation (one write when these share a
+    buffer)."""
     rows = slice(start - entry.base, end - entry.base)
-    entry.source[:, :, rows], entry.positions[:, rows], entry.rotated[:, :, rows] = source, positions, rotated
+    entry.source[:, :, rows], entry.positions[:, rows] = source, positions
+    if entry.rotated is not entry.source:
+        entry.rotated[:, :, rows] = rotated
 
 
 def rotated(
@@ -109,26 +142,34 @@ def rotated(
     source: torch.Tensor,
     positions: torch.Tensor,
     old_rows: int,
-    rotate: Callable,
+    rotate: Callable | None,
     start: int = 0,
+    own: int | None = None,
 ) -> torch.Tensor:
     """``rotate(source[:, :, start:], positions[:, start:])`` [B, Hkv, kv - start, d], reusing the rows of the
     module's last call where valid (``start`` > 0: a trailing window, as the near band while decoding).
+    ``rotate`` None: the rows as they are (one buffer holds the copy and the result).
 
     ``old_rows``: rows of ``source`` that were already in the cache before this call (kv - q_len); only those can
     be reused, and the result is remembered only for calls that extend a cache (old_rows > 0) without autograd.
+    ``own``: rows [own, kv) of the result are left unwritten and not remembered: the caller fills them.
     The returned view is valid until the module's next call.
     """
+    turn = rotate or (lambda x, p: x)
     if old_rows <= 0 or (torch.is_grad_enabled() and source.requires_grad):
-        return rotate(source[:, :, start:], positions[:, start:])
+        result = turn(source[:, :, start:], positions[:, start:])
+        return result.clone() if rotate is None else result
     memory = _MEMORY.setdefault(module, {})
     entry = memory.get(purpose)
-    end = reusable_end(entry, tag, source, positions, range(start, old_rows))
+    same = entry is not None and continued(entry, source, old_rows)
+    end = reusable_end(entry, tag, source, positions, range(start, old_rows), same)
     kv = source.shape[2]
-    fresh = rotate(source[:, :, end:], positions[:, end:])
-    entry = room(entry, start, end, source, positions, fresh)
-    put(entry, end, kv, source[:, :, end:], positions[:, end:], fresh)
-    entry.tag, entry.end = tag, kv
+    stop = kv if own is None else max(end, own)
+    fresh = turn(source[:, :, end:stop], positions[:, end:stop])
+    entry = room(entry, start, end, source, positions, source if rotate is None else fresh)
+    put(entry, end, stop, source[:, :, end:stop], positions[:, end:stop], fresh)
+    entry.tag, entry.end = tag, stop
+    entry.seen, entry.seen_version, entry.seen_rows = weakref.ref(source), source._version, kv
     memory[purpose] = entry
     return entry.rotated[:, :, start - entry.base : kv - entry.base]
 

@@ -63,6 +63,20 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log
     return by_rows(lambda x, p, s: _rotate(x, p, inv_freq, s), x, (positions, 1), (log_scale, 2))
 
 
+def rotate_each_row_by(x: torch.Tensor, position: torch.Tensor, inv_freq: torch.Tensor, out: torch.Tensor) -> None:
+    """Write x [B, H, L, head_dim] rotated by one position per batch row (position [B, 1]) into ``out`` (same
+    shape, any strides, not overlapping x), without autograd; products in float32 as ``rotate``."""
+    if out.dtype != torch.float32:  # one rounding to out's dtype, as ``rotate``
+        out.copy_(_rotate(x, position, inv_freq))
+        return
+    cos, sin = half_cos_sin64(position, inv_freq)  # [B, 1, 1, r/2], broadcast over heads and rows
+    h = cos.shape[-1]
+    x1, x2 = x[..., :h].float(), x[..., h : 2 * h].float()
+    torch.mul(x1, cos, out=out[..., :h]).addcmul_(x2, sin, value=-1)
+    torch.mul(x2, cos, out=out[..., h : 2 * h]).addcmul_(x1, sin)
+    out[..., 2 * h :] = x[..., 2 * h :]
+
+
 def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log_scale=None) -> torch.Tensor:
     """(x1, x2) -> (x1 c - x2 s, x2 c + x1 s) per pair (i, i + r/2), in float32, cast back to x's dtype."""
     cos, sin = half_cos_sin64(positions, inv_freq)  # [B, 1, L, r/2]
