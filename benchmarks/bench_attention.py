@@ -63,7 +63,7 @@ def timed_sdpa(module, *args, **kwargs):
 
 def attention_module(rope: dict, head_dim: int, device: str, dtype: torch.dtype):
     """The attention module of a one-layer Llama (32 / 8 heads, pretrained length 4096) using ``rope``, with
-    ``rotary`` (the model's rotary module) and ``cache_config`` attached for the decode steps."""
+    ``bench_rotary`` (the model's rotary module) and ``bench_config`` attached for the decode steps."""
     config = LlamaConfig(
         vocab_size=256,
         hidden_size=HEADS * head_dim,
