@@ -13,7 +13,9 @@ elementwise and not timed here, while the package's types rotate inside the call
   values: each step runs the attention module's own forward (projections, cache update, the package's cache hook),
   and only its attention-function call is timed (through an attention implementation registered for the
   benchmark that times the ``"sdpa"`` one); per-token time is the median of ``--steps`` steps after a first
-  step (which fills the rotated-key memory and is not counted).
+  step (which fills the rotated-key memory and is not counted);
+- decode-static (``--decode-static``): the same with a ``StaticCache`` of room for exactly the steps taken, each
+  step given the mask transformers builds for it (the filled slots), plain RoPE included.
 Every (type, case) is measured once per repeat, types interleaved within each repeat, ``--repeats`` repeats; the
 table gives min and median over repeats (the machine may be shared: min is the better estimate of the cost).
 Peak memory: CUDA ``max_memory_allocated`` above the start; CPU the process's peak resident set (VmHWM, reset
@@ -32,7 +34,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 import hf_rope_ext  # noqa: F401  (registers the rope types)
@@ -127,17 +129,20 @@ def prefill(module, length: int, head_dim: int, dtype, device: str) -> tuple[flo
     return timed(lambda: function(module, q, k, v, None, scaling=head_dim**-0.5, position_ids=pos), device)
 
 
-def decode(module, cached: int, head_dim: int, dtype, device: str, steps: int) -> tuple[float, float]:
+def decode(module, cached: int, head_dim: int, dtype, device: str, steps: int, static: bool = False):
     """Median seconds and max peak MiB per token (of the attention call) over ``steps`` steps after a first,
-    uncounted one, through the module's forward with a DynamicCache holding ``cached`` tokens."""
-    cache = DynamicCache(config=module.bench_config)
+    uncounted one, through the module's forward with a DynamicCache (or a StaticCache) holding ``cached`` tokens."""
+    room = cached + steps + 1
+    config = module.bench_config
+    cache = StaticCache(config=config, max_cache_len=room) if static else DynamicCache(config=config)
     cache.update(*(random((1, KV_HEADS, cached, head_dim), dtype, device, s) for s in (1, 2)), module.layer_idx)
     results = []
     for step in range(steps + 1):
         hidden = random((1, 1, HEADS * head_dim), dtype, device, 10 + step)
         pos = torch.tensor([[cached + step]], device=device)
+        mask = (torch.arange(room, device=device) <= cached + step)[None, None, None] if static else None
         with torch.no_grad():
-            module(hidden, module.bench_rotary(hidden, pos), None, past_key_values=cache, position_ids=pos)
+            module(hidden, module.bench_rotary(hidden, pos), mask, past_key_values=cache, position_ids=pos)
         results.append(LAST_CALL[0])
     seconds = statistics.median(r[0] for r in results[1:])
     return seconds, max(r[1] for r in results[1:])
@@ -149,7 +154,7 @@ def cases(args) -> list[tuple[int, str, str, int]]:
         (head_dim, dtype, kind, length)
         for head_dim in args.head_dims
         for dtype in args.dtypes
-        for kind, lengths in (("prefill", args.lengths), ("decode", args.decode))
+        for kind, lengths in (("prefill", args.lengths), ("decode", args.decode), ("decode-static", args.decode_static))
         for length in lengths
     ]
 
@@ -164,7 +169,8 @@ def measure_case(args, case) -> dict[str, list[tuple[float, float]]]:
             if kind == "prefill":
                 results[name].append(prefill(modules[name], length, head_dim, dtype, args.device))
             else:
-                results[name].append(decode(modules[name], length, head_dim, dtype, args.device, args.steps))
+                static = kind == "decode-static"
+                results[name].append(decode(modules[name], length, head_dim, dtype, args.device, args.steps, static))
             print(f"  {case} {name}: {results[name][-1][0]:.4f} s, {results[name][-1][1]:.0f} MiB", flush=True)
     return results
 
@@ -205,6 +211,7 @@ def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="*", default=[2048, 8192, 16384], help="prefill lengths")
     parser.add_argument("--decode", type=int, nargs="*", default=[4096, 16384], help="cache lengths for decode")
+    parser.add_argument("--decode-static", type=int, nargs="*", default=[], help="the same with a StaticCache")
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--types", nargs="+", default=list(TYPES), choices=list(TYPES))

@@ -4,8 +4,9 @@
 - ``RotaryEmbeddingConfigMixin._validate_<name>_rope_parameters``: validation when a config is built;
 - ``get_model_conversion_mapping``: the RoPE layout converters, for models whose config says "interleaved";
 - ``AttentionInterface``: the attention-level types;
-- a forward pre-hook on the attention modules of those types that reads the module's ``DynamicLayer`` of the
-  KV cache before its update (``watch_cache``), so that decoding can skip re-checking rows it already rotated.
+- a forward pre-hook on the attention modules of those types that reads the module's layer of the KV cache
+  (``DynamicLayer`` or ``StaticLayer``) before its update (``watch_cache``), so that decoding can skip
+  re-checking rows it already rotated.
 
 ``install()`` is idempotent and leaves every built-in entry untouched, so stock behaviour is unchanged
 for models that do not name one of this package's types.
@@ -19,7 +20,7 @@ import weakref
 
 import torch
 from transformers import conversion_mapping, modeling_utils
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 from transformers.core_model_loading import ConversionOps, WeightConverter
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
 from transformers.modeling_utils import AttentionInterface
@@ -315,18 +316,24 @@ def _family_eager(module):
 _WATCHED: weakref.WeakSet = weakref.WeakSet()  # attention modules with the cache hook
 
 
-def _dynamic_layer(module, cache):
-    """The module's layer of ``cache`` when it is exactly transformers' ``DynamicLayer`` (whose update is one
-    concatenation), else None."""
+def _cache_layer(module, cache) -> tuple:
+    """(the module's layer of ``cache``, where its update writes) for a layer exactly of transformers'
+    ``DynamicLayer`` (update: one concatenation; None) or ``StaticLayer`` (update: rows written in place from
+    ``cumulative_length`` on), else (None, None)."""
     layers, index = getattr(cache, "layers", None), getattr(module, "layer_idx", None)
     if not isinstance(cache, Cache) or not isinstance(layers, list) or not isinstance(index, int):
-        return None
+        return None, None
     layer = layers[index] if 0 <= index < len(layers) else None
-    return layer if type(layer) is DynamicLayer else None
+    if type(layer) is DynamicLayer:
+        return layer, None
+    written_from = getattr(layer, "cumulative_length", None)  # where StaticLayer.update writes (5.23)
+    if type(layer) is StaticLayer and layer.is_initialized and written_from is not None:
+        return layer, int(written_from)
+    return None, None
 
 
 def _before_attention(module, args, kwargs) -> None:
-    rotated_cache.before_forward(module, _dynamic_layer(module, kwargs.get("past_key_values")))
+    rotated_cache.before_forward(module, *_cache_layer(module, kwargs.get("past_key_values")))
 
 
 def watch_cache(module) -> None:

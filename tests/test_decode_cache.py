@@ -1,6 +1,6 @@
-"""Decoding with transformers' DynamicCache: the rotated-key memory trusts a cache's rows without comparing them
-only when the cache hook saw a plain concatenation; a reordered, cropped or rewritten cache is compared, and
-rotated anew where it differs."""
+"""Decoding with transformers' DynamicCache and StaticCache: the rotated-key memory trusts a cache's rows without
+comparing them only when the cache hook saw a plain concatenation (dynamic) or one write past them (static); a
+reordered, cropped or rewritten cache is compared, and rotated anew where it differs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 from conftest import ATTENTION_PARAMS, tiny_model
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 
 from hf_rope_ext.attention import rotated_cache
 
@@ -45,21 +45,22 @@ def prompts(batch=2, length=12):
     return torch.randint(3, 97, (batch, length), generator=torch.Generator().manual_seed(3))
 
 
-CASES = {  # case -> (family, rope overrides); StableLM rotates half of each head (conftest)
-    "plain": ("llama", {}),
-    "window-1": ("llama", {"window": 1}),
-    "partial-rotary": ("stablelm", {}),
+CASES = {  # case -> (family, rope overrides, generate's cache_implementation); StableLM: half-rotary heads
+    "plain": ("llama", {}, None),
+    "window-1": ("llama", {"window": 1}, None),
+    "partial-rotary": ("stablelm", {}, None),
+    "static-cache": ("llama", {}, "static"),
 }
 
 
 @pytest.mark.parametrize(
     "name, case", [(n, c) for n in TYPES for c in CASES if "window" in PARAMS[n] or "window" not in CASES[c][1]]
 )
-def test_generate_trusts_the_dynamic_cache_and_equals_recompute(name, case, counted):
-    family, rope = CASES[case]
+def test_generate_trusts_the_cache_and_equals_recompute(name, case, counted):
+    family, rope, implementation = CASES[case]
     model = model_of(name, family, **rope)
     kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
-    cached = model.generate(prompts(), **kwargs)
+    cached = model.generate(prompts(), cache_implementation=implementation, **kwargs)
     assert counted == {"compared": 0, "trusted": counted["trusted"]}
     assert counted["trusted"] >= 6 * model.config.num_hidden_layers  # every step after the first, every layer
     recomputed = model.generate(prompts(), use_cache=False, **kwargs)
@@ -89,12 +90,16 @@ def rewrite(cache):  # written in place
         layer.values[:, :, 2] -= 1.0
 
 
-@pytest.mark.parametrize("change", [reorder, crop, rewrite], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "kind, change",
+    [("dynamic", reorder), ("dynamic", crop), ("dynamic", rewrite), ("static", reorder), ("static", rewrite)],
+)
 @pytest.mark.parametrize("name", TYPES)
-def test_a_changed_cache_is_compared_and_rotated_anew(name, change, counted):
+def test_a_changed_cache_is_compared_and_rotated_anew(name, kind, change, counted):
     """After the change, a step with the memory equals the same step computed without any memory."""
     model = model_of(name)
-    cache = DynamicCache(config=model.config)
+    config = model.config
+    cache = StaticCache(config=config, max_cache_len=24) if kind == "static" else DynamicCache(config=config)
     decode_steps(model, cache, prompts(), steps=3)
     change(cache)
     fed = torch.tensor([[7], [9]])

@@ -122,11 +122,20 @@ def check_window_mask(module, name: str, mask, key, sliding_window) -> None:
 
 
 def crop_empty_slots(query, key, value, mask):
-    """No mask, several queries, more keys: an empty static cache, which sdpa crops to the first q_len slots."""
-    q_len = query.shape[2]
-    if mask is None and q_len > 1 and key.shape[2] > q_len:
-        return key[:, :, :q_len], value[:, :, :q_len]
-    return key, value
+    """(key, value, mask) without the key slots no query may see at the end (a static cache's unfilled slots),
+    and without a mask when a single query sees every key left (a static cache's decode step, as a dynamic
+    cache's). No mask, several queries, more keys: an empty static cache, which sdpa crops to the first q_len slots.
+    """
+    q_len, kv = query.shape[2], key.shape[2]
+    if mask is None:
+        short = q_len > 1 and kv > q_len
+        return (key[:, :, :q_len], value[:, :, :q_len], None) if short else (key, value, None)
+    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    seen = allowed.reshape(-1, allowed.shape[-1]).any(0)  # [kv]: some query may see the key
+    end = kv - int(seen.flip(0).to(torch.uint8).argmax())  # past the last seen key (none seen: kv)
+    if end < kv:
+        key, value, mask, allowed = key[:, :, :end], value[:, :, :end], mask[..., :end], allowed[..., :end]
+    return key, value, None if q_len == 1 and bool(allowed.all()) else mask
 
 
 def run_chunks(
@@ -159,7 +168,7 @@ def attend(implementation: str, module, query, key, value, attention_mask, scali
     name = attention_type_of(module)
     check_module(module, name, implementation)
     softcap = refuse_extras(module, name, implementation, kwargs)
-    key, value = crop_empty_slots(query, key, value, attention_mask)
+    key, value, attention_mask = crop_empty_slots(query, key, value, attention_mask)
     check_window_mask(module, name, attention_mask, key, kwargs.get("sliding_window"))
     call = make_call(module, name, query, key, value, attention_mask, kwargs.get("position_ids"))
     scorer = SCORERS[name]

@@ -14,11 +14,13 @@ generation crops and refills), and anything that differs (another prompt, a reor
 
 Comparing costs about a third of a decode step at 4k keys, so it is skipped when the rows are known to be the
 same by construction: a forward pre-hook (``_transformers.watch_cache``) hands ``before_forward`` the module's
-cache layer when it is transformers' ``DynamicLayer``; if that layer's keys (or values) before this step's update
-are the very tensor the last call rotated, unmodified since (same object, same ``_version``), and the call's
-source is the layer's tensor after the update, then the update was one concatenation onto that tensor and the
-old rows are its rows. Reordering, cropping, offloading or an in-place write replaces the object or bumps its
-version, and any other cache class, or a call without the hook, compares as above.
+cache layer when it is transformers' ``DynamicLayer`` or ``StaticLayer``; if that layer's keys (or values) before
+this step's update are the very tensor the last call rotated (or viewed), unmodified since (same object, same
+``_version``), and the call's source is the layer's tensor after the update (DynamicLayer: then the update was
+one concatenation onto that tensor and the old rows are its rows), or leading rows of it changed by exactly one
+in-place write from row ``cumulative_length`` on, past the rows reused (StaticLayer), nothing is read.
+Reordering, cropping, offloading or an in-place write replaces the object or bumps its version, and any other
+cache class, or a call without the hook, compares as above.
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ class Entry:
     source: torch.Tensor  # [B, Hkv, capacity, d]: a copy of the unrotated rows
     positions: torch.Tensor  # [B, capacity] int64
     rotated: torch.Tensor  # [B, Hkv, capacity, d]: the rotated rows
-    seen: weakref.ref | None = None  # the source tensor of the last call
+    seen: weakref.ref | None = None  # the source tensor of the last call (the tensor it views)
     seen_version: int = -1  # its _version then
     seen_rows: int = 0  # its rows
-    follows: tuple | None = None  # (weakref to a DynamicLayer, "keys" or "values"): set by before_forward
+    follows: tuple | None = None  # (weakref to a cache layer, "keys"/"values", written_from, version): before_forward
 
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {purpose: Entry}
@@ -57,22 +59,36 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return False
 
 
-def before_forward(module, layer) -> None:
-    """Before ``module``'s forward: ``layer`` is its cache layer (a ``DynamicLayer``) or None. Marks each entry
-    whose last source is that layer's keys or values as they are now, unmodified, as continued by this step."""
+def owner(x: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage ``x`` views (x itself when it is not a view)."""
+    return x if x._base is None else x._base
+
+
+def before_forward(module, layer, written_from: int | None) -> None:
+    """Before ``module``'s forward: ``layer`` is its cache layer or None; ``written_from`` None when the layer's
+    update replaces its tensors by a concatenation (``DynamicLayer``), else the first row its update writes in
+    place (``StaticLayer``). Marks each entry whose last source is (a view of) that layer's keys or values as
+    they are now, unmodified since, as continued by this step."""
     for entry in _MEMORY.get(module, {}).values():
         seen = entry.seen() if entry.seen is not None and layer is not None else None
         kind = next((k for k in ("keys", "values") if seen is not None and getattr(layer, k, None) is seen), None)
         fresh = kind is not None and seen._version == entry.seen_version
-        entry.follows = (weakref.ref(layer), kind) if fresh else None
+        entry.follows = (weakref.ref(layer), kind, written_from, seen._version) if fresh else None
 
 
 def continued(entry: Entry, source: torch.Tensor, old_rows: int) -> bool:
-    """Whether ``source`` is the layer's tensor after one concatenation onto the entry's last source (so its
-    first ``old_rows`` rows are that source's: see the module docstring). Consumes the mark."""
+    """Whether the first ``old_rows`` rows of ``source`` are provably those of the entry's last source (see the
+    module docstring): ``source`` is the layer's tensor after one concatenation onto it, or leads rows of the
+    same tensor after exactly one in-place write, from a row at or past ``old_rows``. Consumes the mark."""
     follows, entry.follows = entry.follows, None
     layer = follows[0]() if follows is not None else None
-    return layer is not None and getattr(layer, follows[1], None) is source and old_rows == entry.seen_rows
+    if layer is None:
+        return False
+    held, written_from, version = getattr(layer, follows[1], None), follows[2], follows[3]
+    if written_from is None:
+        return held is source and old_rows == entry.seen_rows
+    leading = source.data_ptr() == held.data_ptr() and source.stride() == held.stride()
+    return owner(source) is held and leading and held._version == version + 1 and old_rows <= written_from
 
 
 def reusable_end(
@@ -169,7 +185,7 @@ def rotated(
     entry = room(entry, start, end, source, positions, source if rotate is None else fresh)
     put(entry, end, stop, source[:, :, end:stop], positions[:, end:stop], fresh)
     entry.tag, entry.end = tag, stop
-    entry.seen, entry.seen_version, entry.seen_rows = weakref.ref(source), source._version, kv
+    entry.seen, entry.seen_version, entry.seen_rows = weakref.ref(owner(source)), source._version, kv
     memory[purpose] = entry
     return entry.rotated[:, :, start - entry.base : kv - entry.base]
 
