@@ -6,9 +6,9 @@ step's attention, so calls that extend a cache (more keys than queries, no autog
 and purpose, the rotated rows beside a copy of the unrotated rows and positions they were computed from, in
 buffers with room to grow (a step writes only its new rows). The next call reuses a prefix of them only when it
 provably holds the same thing: the same rotation tag (frequencies, parameters, reference), the same key
-positions, and unrotated keys equal bit for bit to the copy on that prefix. That comparison is the one read of
-the cached keys a step pays (read as 8-byte words, 1.7x faster than comparing floats: 0.9 ms for 4k keys of
-8 heads x 64 dims in fp32 on this CPU); it holds whatever the cache does (transformers' DynamicCache makes a new
+positions, and unrotated keys equal bit for bit to the copy on that prefix (or vouched for, below). The
+comparison is the one read of the cached keys a step pays (read as 8-byte words, 1.7x faster than comparing
+floats: 0.9 ms for 4k keys of 8 heads x 64 dims in fp32 on this CPU); it holds whatever the cache does (transformers' DynamicCache makes a new
 tensor by concatenation at every step, a static cache writes in place, beam search reorders rows, assisted
 generation crops and refills), and anything that differs (another prompt, a reordered or cropped cache) recomputes.
 
