@@ -8,9 +8,10 @@ buffers with room to grow (a step writes only its new rows). The next call reuse
 provably holds the same thing: the same rotation tag (frequencies, parameters, reference), the same key
 positions, and unrotated keys equal bit for bit to the copy on that prefix (or vouched for, below). The
 comparison is the one read of the cached keys a step pays (read as 8-byte words, 1.7x faster than comparing
-floats: 0.9 ms for 4k keys of 8 heads x 64 dims in fp32 on this CPU); it holds whatever the cache does (transformers' DynamicCache makes a new
-tensor by concatenation at every step, a static cache writes in place, beam search reorders rows, assisted
-generation crops and refills), and anything that differs (another prompt, a reordered or cropped cache) recomputes.
+floats: 0.9 ms for 4k keys of 8 heads x 64 dims in fp32 on this CPU); it holds whatever the cache does
+(transformers' DynamicCache makes a new tensor by concatenation at every step, a static cache writes in place,
+beam search reorders rows, assisted generation crops and refills), and anything that differs (another prompt, a
+reordered or cropped cache) recomputes.
 
 Comparing costs about a third of a decode step at 4k keys, so it is skipped when the rows are known to be the
 same by construction: a forward pre-hook (``_transformers.watch_cache``) hands ``before_forward`` the module's
