@@ -152,7 +152,9 @@ def two_band_decode(scorer, module, call: Call, scale: float) -> torch.Tensor:
     turn = None if unrotated else far  # None: the buffer is a copy of the keys
     keys = rotated_cache.rotated(module, "decode_key", tag, call.key, call.k_pos, kv - 1, turn, own=reach)
     near = near_keys(module, call, reach)  # R(n) k, n in [reach, kv)
-    rotate_each_row_by(near, far_positions - call.q_pos, call.inv_freq, out=keys[:, :, reach:])
+    window_rows = keys[:, :, reach:]
+    turned = None if keys.dtype == torch.float32 else rotated_cache.scratch(module, "turn", (2, *near.shape), near)
+    rotate_each_row_by(near, far_positions - call.q_pos, call.inv_freq, window_rows, turned)
     q = rotate(call.query, far_positions, call.inv_freq)
     return attention_lse(q, keys, call.value, None, False, scale)[0]
 

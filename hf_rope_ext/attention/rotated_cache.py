@@ -48,6 +48,7 @@ class Entry:
 
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {purpose: Entry}
+_SCRATCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {purpose: float32 buffer}
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -191,6 +192,16 @@ def rotated(
     return entry.rotated[:, :, start - entry.base : kv - entry.base]
 
 
+def scratch(module, purpose: str, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
+    """A float32 buffer of ``shape`` kept with the module's memory and handed out again at its next call (a
+    step's temporaries without an allocation per step); its contents are the caller's."""
+    held = _SCRATCH.setdefault(module, {}).get(purpose)
+    if held is None or held.shape != shape or held.device != like.device:
+        held = _SCRATCH[module][purpose] = like.new_empty(shape, dtype=torch.float32)
+    return held
+
+
 def forget(module) -> None:
-    """Drop what ``module`` remembers (frees the rotated copies)."""
+    """Drop what ``module`` remembers (frees the rotated copies and scratch buffers)."""
     _MEMORY.pop(module, None)
+    _SCRATCH.pop(module, None)
