@@ -53,14 +53,17 @@ HEADS, KV_HEADS = 32, 8
 
 TIMED = "hf_rope_ext_bench_timed_sdpa"  # the attention implementation the decode steps run through
 LAST_CALL: list[tuple[float, float]] = []  # (seconds, peak MiB) of the last timed attention call
-DEVICE = ["cpu"]  # set by main
 
 
-def timed_sdpa(module, *args, **kwargs):
-    """Whatever is registered as "sdpa" (the package's function), timed by ``timed``."""
-    result = []
-    LAST_CALL[:] = [timed(lambda: result.append(ALL_ATTENTION_FUNCTIONS["sdpa"](module, *args, **kwargs)), DEVICE[0])]
-    return result[0]
+def timed_sdpa(device: str):
+    """An attention function calling whatever is registered as "sdpa" (the package's), timed by ``timed``."""
+
+    def attention(module, *args, **kwargs):
+        result = []
+        LAST_CALL[:] = [timed(lambda: result.append(ALL_ATTENTION_FUNCTIONS["sdpa"](module, *args, **kwargs)), device)]
+        return result[0]
+
+    return attention
 
 
 def attention_module(rope: dict, head_dim: int, device: str, dtype: torch.dtype):
@@ -230,8 +233,7 @@ def main(argv=None) -> int:
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
     args = parse(argv)
     torch.set_num_threads(args.threads)
-    DEVICE[0] = args.device
-    AttentionInterface.register(TIMED, timed_sdpa)
+    AttentionInterface.register(TIMED, timed_sdpa(args.device))
     lines = [
         "| head_dim | dtype | pass | tokens | rope_type | time (s, min) | x plain (min) | x plain (median) | "
         "peak MiB | x plain peak |",

@@ -114,15 +114,24 @@ def near_regular(module, call: Call, window: int, scale: float, grad: bool):
     return out.result(), torch.cat(lses, dim=2)
 
 
-def far_keys(scorer, module, call: Call, old_rows: int) -> torch.Tensor:
-    """Keys [B, Hkv, kv, d] rotated by far_key(n) (ReRoPE: the unrotated keys themselves)."""
-    if not bool(scorer.far_key(call.k_pos, call.params).any()):  # ReRoPE: far keys at position 0
-        return call.key
-    tag = ("far_key", id(scorer), tuple(call.inv_freq.tolist()), tuple(sorted(map(str, call.params.items()))))
+def far_rotation(scorer, call: Call, purpose: str):
+    """(memory tag, rotate) of keys by far_key(n); rotate None when every far key sits at position 0 (ReRoPE:
+    the unrotated keys themselves)."""
+    unrotated = not bool(scorer.far_key(call.k_pos, call.params).any())
+    params = tuple(sorted(map(str, call.params.items())))
+    tag = (purpose, id(scorer), unrotated, tuple(call.inv_freq.tolist()), params)
 
     def far(x, positions):
         return rotate(x, scorer.far_key(positions, call.params), call.inv_freq)
 
+    return tag, None if unrotated else far
+
+
+def far_keys(scorer, module, call: Call, old_rows: int) -> torch.Tensor:
+    """Keys [B, Hkv, kv, d] rotated by far_key(n) (ReRoPE: the unrotated keys themselves)."""
+    tag, far = far_rotation(scorer, call, "far_key")
+    if far is None:
+        return call.key
     return rotated_cache.rotated(module, "far_key", tag, call.key, call.k_pos, old_rows, far)
 
 
@@ -142,15 +151,8 @@ def two_band_decode(scorer, module, call: Call, scale: float) -> torch.Tensor:
     window, kv = int(call.params["window"]), call.key.shape[2]
     reach = kv - window  # keys [reach, kv) are in the window (regular positions)
     far_positions = scorer.far_query(call.q_pos, call.params)  # [B, 1]
-    unrotated = not bool(scorer.far_key(call.k_pos, call.params).any())  # ReRoPE: far keys at position 0
-    params = tuple(sorted(map(str, call.params.items())))
-    tag = ("decode_key", id(scorer), unrotated, tuple(call.inv_freq.tolist()), params)
-
-    def far(x, positions):
-        return rotate(x, scorer.far_key(positions, call.params), call.inv_freq)
-
-    turn = None if unrotated else far  # None: the buffer is a copy of the keys
-    keys = rotated_cache.rotated(module, "decode_key", tag, call.key, call.k_pos, kv - 1, turn, own=reach)
+    tag, far = far_rotation(scorer, call, "decode_key")  # far None (ReRoPE): the buffer is a copy of the keys
+    keys = rotated_cache.rotated(module, "decode_key", tag, call.key, call.k_pos, kv - 1, far, own=reach)
     near = near_keys(module, call, reach)  # R(n) k, n in [reach, kv)
     window_rows = keys[:, :, reach:]
     turned = None if keys.dtype == torch.float32 else rotated_cache.scratch(module, "turn", (2, *near.shape), near)

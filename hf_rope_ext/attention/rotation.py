@@ -71,12 +71,19 @@ def rotate_each_row_by(x, position: torch.Tensor, inv_freq: torch.Tensor, out, s
     x32, turned = (x, out) if out.dtype == torch.float32 else (scratch[0].copy_(x), scratch[1])
     cos, sin = half_cos_sin64(position, inv_freq)  # [B, 1, 1, r/2], broadcast over heads and rows
     h = cos.shape[-1]
-    x1, x2 = x32[..., :h], x32[..., h : 2 * h]
-    torch.mul(x1, cos, out=turned[..., :h]).addcmul_(x2, sin, value=-1)
-    torch.mul(x2, cos, out=turned[..., h : 2 * h]).addcmul_(x1, sin)
+    turn_pairs(x32[..., :h], x32[..., h : 2 * h], cos, sin, turned)
     if turned is not out:
         out[..., : 2 * h] = turned[..., : 2 * h]
     out[..., 2 * h :] = x[..., 2 * h :]
+
+
+def turn_pairs(x1, x2, cos, sin, out: torch.Tensor) -> torch.Tensor:
+    """Write (x1 c - x2 s, x2 c + x1 s) into out[..., :2h] (x1, x2 [..., h] float32 halves; a multiply and a fused
+    multiply-add per half, no temporaries); returns out."""
+    h = x1.shape[-1]
+    torch.mul(x1, cos, out=out[..., :h]).addcmul_(x2, sin, value=-1)
+    torch.mul(x2, cos, out=out[..., h : 2 * h]).addcmul_(x1, sin)
+    return out
 
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log_scale=None) -> torch.Tensor:
@@ -90,10 +97,7 @@ def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, lo
     if torch.is_grad_enabled() and x.requires_grad:
         turned = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
     else:  # written in place into one buffer: no temporaries of x's size
-        turned = x1.new_empty((*x.shape[:-1], 2 * h))
-        torch.mul(x1, cos, out=turned[..., :h]).addcmul_(x2, sin, value=-1)
-        torch.mul(x2, cos, out=turned[..., h:]).addcmul_(x1, sin)
-        turned = turned.to(x.dtype)
+        turned = turn_pairs(x1, x2, cos, sin, x1.new_empty((*x.shape[:-1], 2 * h))).to(x.dtype)
     return torch.cat((turned, x[..., 2 * h :]), dim=-1) if x.shape[-1] > 2 * h else turned
 
 
