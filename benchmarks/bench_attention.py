@@ -10,10 +10,11 @@ module of a one-layer Llama whose config names it, and the call is the one trans
 elementwise and not timed here, while the package's types rotate inside the call and pay for it).
 - prefill: q/k/v of ``length`` tokens, no mask (causal), positions 0..length-1;
 - decode: one new token per step against a transformers ``DynamicCache`` filled with ``--decode`` random keys and
-  values: each step runs the attention module's own forward (projections, cache update, the package's cache hook),
-  and only its attention-function call is timed (through an attention implementation registered for the
-  benchmark that times the ``"sdpa"`` one); per-token time is the median of ``--steps`` steps after a first
-  step (which fills the rotated-key memory and is not counted);
+  values, with the rotating layers ``generate`` gives these types (``hf_rope_ext.rope_cache``; ``--plain-cache``:
+  the cache as transformers builds it, which the package compares before reusing rows): each step runs the
+  attention module's own forward (projections, cache update), and only its attention-function call is timed
+  (through an attention implementation registered for the benchmark that times the ``"sdpa"`` one); per-token
+  time is the median of ``--steps`` steps after a first step (which fills the rotated rows and is not counted);
 - decode-static (``--decode-static``): the same with a ``StaticCache`` of room for exactly the steps taken, each
   step given the mask transformers builds for it (the filled slots), plain RoPE included.
 Every (type, case) is measured once per repeat, types interleaved within each repeat, ``--repeats`` repeats; the
@@ -37,7 +38,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-import hf_rope_ext  # noqa: F401  (registers the rope types)
+import hf_rope_ext  # registers the rope types
 
 WINDOW = 512
 TYPES = {
@@ -132,12 +133,16 @@ def prefill(module, length: int, head_dim: int, dtype, device: str) -> tuple[flo
     return timed(lambda: function(module, q, k, v, None, scaling=head_dim**-0.5, position_ids=pos), device)
 
 
-def decode(module, cached: int, head_dim: int, dtype, device: str, steps: int, static: bool = False):
+def decode(module, cached: int, head_dim: int, dtype, device: str, steps: int, static=False, plain=False):
     """Median seconds and max peak MiB per token (of the attention call) over ``steps`` steps after a first,
-    uncounted one, through the module's forward with a DynamicCache (or a StaticCache) holding ``cached`` tokens."""
+    uncounted one, through the module's forward with a DynamicCache (or a StaticCache) holding ``cached`` tokens:
+    the rotating cache of ``hf_rope_ext.rope_cache``, or with ``plain`` transformers' own."""
     room = cached + steps + 1
     config = module.bench_config
-    cache = StaticCache(config=config, max_cache_len=room) if static else DynamicCache(config=config)
+    if plain:
+        cache = StaticCache(config=config, max_cache_len=room) if static else DynamicCache(config=config)
+    else:
+        cache = hf_rope_ext.rope_cache(config, max_cache_len=room if static else None)
     cache.update(*(random((1, KV_HEADS, cached, head_dim), dtype, device, s) for s in (1, 2)), module.layer_idx)
     results = []
     for step in range(steps + 1):
@@ -145,7 +150,8 @@ def decode(module, cached: int, head_dim: int, dtype, device: str, steps: int, s
         pos = torch.tensor([[cached + step]], device=device)
         mask = (torch.arange(room, device=device) <= cached + step)[None, None, None] if static else None
         with torch.no_grad():
-            module(hidden, module.bench_rotary(hidden, pos), mask, past_key_values=cache, position_ids=pos)
+            keyword = {hf_rope_ext.cache_keyword(module): cache}  # past_key_values up to 5.23, cache from 5.24
+            module(hidden, module.bench_rotary(hidden, pos), mask, position_ids=pos, **keyword)
         results.append(LAST_CALL[0])
     seconds = statistics.median(r[0] for r in results[1:])
     return seconds, max(r[1] for r in results[1:])
@@ -173,7 +179,9 @@ def measure_case(args, case) -> dict[str, list[tuple[float, float]]]:
                 results[name].append(prefill(modules[name], length, head_dim, dtype, args.device))
             else:
                 static = kind == "decode-static"
-                results[name].append(decode(modules[name], length, head_dim, dtype, args.device, args.steps, static))
+                results[name].append(
+                    decode(modules[name], length, head_dim, dtype, args.device, args.steps, static, args.plain_cache)
+                )
             print(f"  {case} {name}: {results[name][-1][0]:.4f} s, {results[name][-1][1]:.0f} MiB", flush=True)
     return results
 
@@ -215,6 +223,7 @@ def parse(argv=None):
     parser.add_argument("--lengths", type=int, nargs="*", default=[2048, 8192, 16384], help="prefill lengths")
     parser.add_argument("--decode", type=int, nargs="*", default=[4096, 16384], help="cache lengths for decode")
     parser.add_argument("--decode-static", type=int, nargs="*", default=[], help="the same with a StaticCache")
+    parser.add_argument("--plain-cache", action="store_true", help="decode with transformers' caches as built")
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--types", nargs="+", default=list(TYPES), choices=list(TYPES))

@@ -9,12 +9,22 @@ import os
 import sys
 
 __version__ = "0.1.0"
-__all__ = ["available_rope_types", "convert_layout", "export", "get_method", "rope_parameters_for", "__version__"]
+__all__ = [
+    "available_rope_types",
+    "cache_keyword",
+    "convert_layout",
+    "export",
+    "get_method",
+    "rope_cache",
+    "rope_parameters_for",
+    "__version__",
+]
 
 
 def load() -> None:
     """Import the public names and register the rope types into transformers (idempotent)."""
     from . import _transformers, configure, layout, registry
+    from .attention.cache_layers import rope_cache
     from .export import export  # portable export; the function shadows the submodule's attribute name
     from .models.roformer import install as install_roformer
 
@@ -24,6 +34,8 @@ def load() -> None:
         convert_layout=layout.convert_layout,
         available_rope_types=registry.available_rope_types,
         get_method=registry.get_method,
+        rope_cache=rope_cache,
+        cache_keyword=_transformers.cache_keyword,
     )
     _transformers.install()
     install_roformer()

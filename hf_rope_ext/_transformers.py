@@ -4,9 +4,9 @@
 - ``RotaryEmbeddingConfigMixin._validate_<name>_rope_parameters``: validation when a config is built;
 - ``get_model_conversion_mapping``: the RoPE layout converters, for models whose config says "interleaved";
 - ``AttentionInterface``: the attention-level types;
-- a forward pre-hook on the attention modules of those types that reads the module's layer of the KV cache
-  (``DynamicLayer`` or ``StaticLayer``) before its update (``watch_cache``), so that decoding can skip
-  re-checking rows it already rotated.
+- ``GenerationMixin._prepare_cache_for_generation``: for a model whose config names one of those types, the cache
+  ``generate`` prepared (or was handed) keeps their rotated rows in its layers (``attention.cache_layers.adopt``);
+  any other model gets the stock function's cache untouched.
 
 ``install()`` is idempotent and leaves every built-in entry untouched, so stock behaviour is unchanged
 for models that do not name one of this package's types.
@@ -15,20 +15,20 @@ for models that do not name one of this package's types.
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
-import weakref
 
 import torch
 from transformers import conversion_mapping, modeling_utils
-from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
+from transformers.cache_utils import Cache
 from transformers.core_model_loading import ConversionOps, WeightConverter
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
 from transformers.modeling_utils import AttentionInterface
 
 from . import registry
-from .attention import rotated_cache
+from .attention.cache_layers import adopt
 from .attention.dispatch import attend, attention_type_of, check_module
-from .attention.scoring import routes_through_attention
+from .attention.scoring import config_routes, routes_through_attention
 from .configure import restore_legacy_theta
 from .frequencies.common import rope_setup
 
@@ -126,6 +126,7 @@ def install() -> None:
     registry.on_register(install_method)  # methods registered later go in at once
     install_layout_conversions()  # RoPE layout on load/save (issue 3)
     install_attention_functions()  # attention-level rope types (issue 4)
+    install_generation_cache()  # their rotated rows kept in generate's cache (issue 23)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -313,43 +314,11 @@ def _family_eager(module):
     return _FAMILY_EAGER[cls]
 
 
-_WATCHED: weakref.WeakSet = weakref.WeakSet()  # attention modules with the cache hook
-
-
-def _cache_layer(module, cache) -> tuple:
-    """(the module's layer of ``cache``, where its update writes) for a layer exactly of transformers'
-    ``DynamicLayer`` (update: one concatenation; None) or ``StaticLayer`` (update: rows written in place from
-    ``cumulative_length`` on), else (None, None)."""
-    layers, index = getattr(cache, "layers", None), getattr(module, "layer_idx", None)
-    if not isinstance(cache, Cache) or not isinstance(layers, list) or not isinstance(index, int):
-        return None, None
-    layer = layers[index] if 0 <= index < len(layers) else None
-    if type(layer) is DynamicLayer:
-        return layer, None
-    written_from = getattr(layer, "cumulative_length", None)  # where StaticLayer.update writes (5.23)
-    if type(layer) is StaticLayer and layer.is_initialized and written_from is not None:
-        return layer, int(written_from)
-    return None, None
-
-
-def _before_attention(module, args, kwargs) -> None:
-    rotated_cache.before_forward(module, *_cache_layer(module, kwargs.get("past_key_values")))
-
-
-def watch_cache(module) -> None:
-    """Hook ``module`` (an attention module of one of the package's types) once: before each forward, its cache
-    layer goes to ``rotated_cache.before_forward``. From the module's next forward on."""
-    if module not in _WATCHED:
-        module.register_forward_pre_hook(_before_attention, with_kwargs=True)
-        _WATCHED.add(module)
-
-
 def _rope_attention(implementation: str, stock):
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
         if attention_type_of(module) is None:
             function = stock if stock is not None else _family_eager(module)
             return function(module, query, key, value, attention_mask, *args, **kwargs)
-        watch_cache(module)
         return attend(implementation, module, query, key, value, attention_mask, *args, **kwargs)
 
     attention.hf_rope_ext_stock = stock
@@ -387,3 +356,49 @@ def install_attention_functions() -> None:
 def stock_attention(implementation: str):
     """The function transformers had under ``implementation`` before install (None for "eager": per family)."""
     return getattr(AttentionInterface._global_mapping[implementation], "hf_rope_ext_stock", None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The cache ``generate`` uses (issue 23, owner: hf_rope_ext/attention/cache_layers.py). transformers chooses and
+# builds it in ``GenerationMixin._prepare_cache_for_generation(generation_config, model_kwargs, ...)`` (the same
+# signature in every admitted release), which writes it into ``model_kwargs`` under the name the model's forward
+# takes (``past_key_values``, ``cache`` from 5.24). The wrapper calls the stock method and then, only for a model
+# whose config names one of the package's types that rotate in the attention function, adopts every ``Cache`` it
+# finds among those values, whatever their name: a DynamicCache, StaticCache or a user's own cache then keeps the
+# rotated rows in its layers. Other models get exactly the stock result.
+
+
+def _adopting(stock):
+    @functools.wraps(stock)
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        result = stock(self, generation_config, model_kwargs, *args, **kwargs)
+        if config_routes(self.config):
+            for value in list(model_kwargs.values()):
+                if isinstance(value, Cache):
+                    adopt(value)
+        return result
+
+    _prepare_cache_for_generation.hf_rope_ext_stock = stock
+    return _prepare_cache_for_generation
+
+
+def install_generation_cache() -> None:
+    """Wrap ``GenerationMixin._prepare_cache_for_generation`` once (idempotent; another copy's wrapper gives way)."""
+    from transformers.generation.utils import GenerationMixin
+
+    current = GenerationMixin._prepare_cache_for_generation
+    if getattr(current, "hf_rope_ext_adopt", None) is adopt:
+        return
+    wrapped = _adopting(getattr(current, "hf_rope_ext_stock", current))
+    wrapped.hf_rope_ext_adopt = adopt
+    GenerationMixin._prepare_cache_for_generation = wrapped
+
+
+def cache_keyword(model) -> str:
+    """The keyword under which ``model``'s forward (and so ``generate``) takes a KV cache in the installed
+    transformers: ``past_key_values`` up to 5.23, ``cache`` from 5.24 (the one place that knows both names)."""
+    parameters = inspect.signature(model.forward).parameters
+    found = [name for name in ("cache", "past_key_values") if name in parameters]
+    if not found:
+        raise ValueError(f"{type(model).__name__}.forward takes no KV cache (parameters: {list(parameters)})")
+    return found[0]

@@ -1,6 +1,7 @@
-"""Decoding with transformers' DynamicCache and StaticCache: the rotated-key memory trusts a cache's rows without
-comparing them only when the cache hook saw a plain concatenation (dynamic) or one write past them (static); a
-reordered, cropped or rewritten cache is compared, and rotated anew where it differs."""
+"""Decoding through transformers' Cache API: the rotated rows live in the cache's own layers
+(``attention.cache_layers``), which cut them back at every change they make, so decoding reuses them without reading
+the cache; a plain cache a user hands to a forward is compared before reuse. Every case equals recomputing without
+a cache, under ``torch.no_grad`` and ``torch.inference_mode``."""
 
 from __future__ import annotations
 
@@ -8,32 +9,36 @@ import copy
 
 import pytest
 import torch
+import transformers
 from conftest import ATTENTION_PARAMS, tiny_model
 from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import StaticLayer
 
-from hf_rope_ext.attention import rotated_cache
+import hf_rope_ext
+from hf_rope_ext.attention import cache_layers, rotated_cache
 
 PARAMS = ATTENTION_PARAMS
 TYPES = sorted(PARAMS)
+MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
 
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts of full comparisons (``same_bits``) and of calls trusted by the hook (``continued`` True)."""
+    """Counts of comparisons of cached rows (``same_bits``) and of reuses of rows a cache layer kept (trusted)."""
     counts = {"compared": 0, "trusted": 0}
-    same_bits, continued = rotated_cache.same_bits, rotated_cache.continued
+    same_bits, reusable_end = rotated_cache.same_bits, rotated_cache.reusable_end
 
     def counting_same_bits(a, b):
         counts["compared"] += 1
         return same_bits(a, b)
 
-    def counting_continued(*args):
-        trusted = continued(*args)
-        counts["trusted"] += trusted
-        return trusted
+    def counting_reusable_end(entry, tag, source, positions, rows, trusted):
+        end = reusable_end(entry, tag, source, positions, rows, trusted)
+        counts["trusted"] += trusted and end > rows.start
+        return end
 
     monkeypatch.setattr(rotated_cache, "same_bits", counting_same_bits)
-    monkeypatch.setattr(rotated_cache, "continued", counting_continued)
+    monkeypatch.setattr(rotated_cache, "reusable_end", counting_reusable_end)
     return counts
 
 
@@ -45,35 +50,80 @@ def prompts(batch=2, length=12):
     return torch.randint(3, 97, (batch, length), generator=torch.Generator().manual_seed(3))
 
 
-CASES = {  # case -> (family, rope overrides, generate's cache_implementation); StableLM: half-rotary heads
-    "plain": ("llama", {}, None),
-    "window-1": ("llama", {"window": 1}, None),
-    "partial-rotary": ("stablelm", {}, None),
-    "static-cache": ("llama", {}, "static"),
+CASES = {  # case -> (family, rope overrides, generate's cache_implementation, config overrides)
+    "plain": ("llama", {}, None, {}),
+    "window-1": ("llama", {"window": 1}, None, {}),
+    "partial-rotary": ("stablelm", {}, None, {}),  # half-rotary heads
+    "static-cache": ("llama", {}, "static", {}),
+    "sliding-window": ("mistral", {}, None, {"sliding_window": 9}),  # the window drops rows while decoding
+    "sliding-static": ("mistral", {}, "static", {"sliding_window": 9}),
 }
+GENERATE = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
 
 
+def generate_both(model, mode: str, **kwargs):
+    with MODES[mode]():
+        cached = model.generate(prompts(), **GENERATE, **kwargs)
+        recomputed = model.generate(prompts(), use_cache=False, **{k: v for k, v in GENERATE.items()})
+    return cached, recomputed
+
+
+def assert_same(cached, recomputed, atol=1e-5):
+    assert torch.equal(cached.sequences, recomputed.sequences)
+    torch.testing.assert_close(torch.stack(cached.logits), torch.stack(recomputed.logits), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     "name, case", [(n, c) for n in TYPES for c in CASES if "window" in PARAMS[n] or "window" not in CASES[c][1]]
 )
-def test_generate_trusts_the_cache_and_equals_recompute(name, case, counted):
-    family, rope, implementation = CASES[case]
-    model = model_of(name, family, **rope)
-    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_logits=True)
-    cached = model.generate(prompts(), cache_implementation=implementation, **kwargs)
-    assert counted == {"compared": 0, "trusted": counted["trusted"]}
-    assert counted["trusted"] >= 6 * model.config.num_hidden_layers  # every step after the first, every layer
-    recomputed = model.generate(prompts(), use_cache=False, **kwargs)
-    assert torch.equal(cached.sequences, recomputed.sequences)
-    torch.testing.assert_close(torch.stack(cached.logits), torch.stack(recomputed.logits), rtol=0, atol=1e-5)
+def test_generate_reuses_the_cache_layers_rows_and_equals_recompute(name, case, mode, counted):
+    family, rope, implementation, config = CASES[case]
+    model = tiny_model(family, {"rope_type": name, **PARAMS[name], **rope}, attn_implementation="sdpa", **config)
+    cached, recomputed = generate_both(model, mode, cache_implementation=implementation)
+    assert counted["compared"] == 0
+    if not case.startswith("sliding"):  # a sliding layer forgets its rows once its window is full
+        assert counted["trusted"] >= 6 * model.config.num_hidden_layers  # every step after the first, every layer
+    assert_same(cached, recomputed)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_beam_search_equals_its_recompute(name, counted):
+    model = model_of(name)
+    kwargs = dict(num_beams=2, num_return_sequences=2, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.inference_mode():
+        cached = model.generate(prompts(), **kwargs)
+        recomputed = model.generate(prompts(), use_cache=False, **kwargs)
+    assert torch.equal(cached, recomputed)
+    assert counted["compared"] == 0
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_left_padded_batch_generates_as_each_row_alone(name):
+    model = model_of(name)
+    ids = prompts(batch=2, length=10)
+    ids[0, :3] = 0
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, attention_mask=mask)
+    with torch.inference_mode():
+        cached = model.generate(ids, **kwargs)
+        recomputed = model.generate(ids, use_cache=False, **kwargs)
+    assert torch.equal(cached, recomputed)
 
 
 def decode_steps(model, cache, ids, steps: int):
     """The prompt ``ids`` and ``steps`` greedy tokens into ``cache``."""
     with torch.no_grad():
-        logits = model(ids, past_key_values=cache).logits
+        logits = step(model, cache, ids)
         for _ in range(steps):
-            logits = model(logits[:, -1:].argmax(-1), past_key_values=cache).logits
+            logits = step(model, cache, logits[:, -1:].argmax(-1))
+
+
+def step(model, cache, fed):
+    """One forward of ``fed`` through ``cache``, under the keyword the installed transformers names it."""
+    with torch.no_grad():
+        return model(fed, **{hf_rope_ext.cache_keyword(model): cache}).logits
 
 
 def reorder(cache):  # beam search
@@ -84,52 +134,126 @@ def crop(cache):  # assisted generation: rejected tokens dropped, others fed at 
     cache.crop(-3)
 
 
-def rewrite(cache):  # written in place
+def repeat(cache):  # contrastive search / num_return_sequences
+    cache.batch_repeat_interleave(1)
+
+
+def reset(cache):  # a new prompt into the same cache
+    cache.reset()
+
+
+def rewrite(cache):  # written in place, outside the cache's methods: a plain cache compares and sees it
     for layer in cache.layers:
         layer.keys[:, :, 2] += 1.0
         layer.values[:, :, 2] -= 1.0
 
 
-@pytest.mark.parametrize(
-    "kind, change",
-    [("dynamic", reorder), ("dynamic", crop), ("dynamic", rewrite), ("static", reorder), ("static", rewrite)],
-)
-@pytest.mark.parametrize("name", TYPES)
-def test_a_changed_cache_is_compared_and_rotated_anew(name, kind, change, counted):
-    """After the change, a step with the memory equals the same step computed without any memory."""
-    model = model_of(name)
+def cache_of(model, kind: str, ours: bool):
     config = model.config
     cache = StaticCache(config=config, max_cache_len=24) if kind == "static" else DynamicCache(config=config)
+    if ours:
+        assert cache_layers.adopt(cache)
+    return cache
+
+
+CHANGES = [
+    ("dynamic", reorder, True),
+    ("dynamic", crop, True),
+    ("dynamic", repeat, True),
+    ("static", reorder, True),
+    ("static", crop, True),
+    ("dynamic", reorder, False),
+    ("dynamic", crop, False),
+    ("dynamic", rewrite, False),
+    ("static", reorder, False),
+    ("static", rewrite, False),
+]
+
+
+@pytest.mark.parametrize("kind, change, ours", CHANGES, ids=lambda v: getattr(v, "__name__", str(v)))
+@pytest.mark.parametrize("name", TYPES)
+def test_a_changed_cache_steps_as_a_fresh_computation(name, kind, change, ours):
+    """After the change, a step with the kept rows equals the same step with nothing kept (a deep copy of the cache,
+    as plain transformers layers, rows forgotten)."""
+    if kind == "static" and change is crop and not hasattr(StaticLayer, "crop"):
+        pytest.skip(f"transformers {transformers.__version__}: a StaticLayer cannot be cropped (no StaticLayer.crop)")
+    model = model_of(name)
+    cache = cache_of(model, kind, ours)
     decode_steps(model, cache, prompts(), steps=3)
     change(cache)
     fed = torch.tensor([[7], [9]])
     before = copy.deepcopy(cache)
-    counted["trusted"] = 0
-    with torch.no_grad():
-        remembered = model(fed, past_key_values=cache).logits
-        assert counted["trusted"] == 0
-        for layer in model.model.layers:
-            rotated_cache.forget(layer.self_attn)
-        fresh = model(fed, past_key_values=before).logits
+    for layer in before.layers:
+        layer.__dict__.pop("_rope_entries", None)
+    remembered = step(model, cache, fed)
+    for layer in model.model.layers:
+        rotated_cache.forget(layer.self_attn)
+    fresh = step(model, before, fed)
     torch.testing.assert_close(remembered, fresh, rtol=0, atol=1e-5)
 
 
-def test_only_modules_of_the_package_types_are_hooked():
+def test_reset_then_a_new_prompt_equals_a_new_cache():
+    model = model_of("self_extend")
+    cache = cache_of(model, "static", ours=True)
+    decode_steps(model, cache, prompts(), steps=3)
+    reset(cache)
+    other = prompts(length=9) % 50 + 3
+    reused = step(model, cache, other)
+    torch.testing.assert_close(reused, step(model, cache_of(model, "static", ours=True), other), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_a_plain_cache_in_a_forward_is_compared_and_exact(kind, counted):
+    """A cache that keeps no rows (a user's DynamicCache or StaticCache passed to the model's forward): each step
+    compares the cached rows with the copy beside them, and the result equals recomputing."""
+    model = model_of("leaky_rerope")
+    cache, ids = cache_of(model, kind, ours=False), prompts()
+    decode_steps(model, cache, ids, steps=4)
+    assert counted["compared"] > 0 and counted["trusted"] == 0
+    with torch.no_grad():
+        full = model(torch.cat((ids, ids[:, :1]), dim=1)).logits[:, -1]
+    cache2 = cache_of(model, kind, ours=False)
+    decode_steps(model, cache2, ids, steps=0)
+    torch.testing.assert_close(step(model, cache2, ids[:, :1])[:, -1], full, rtol=0, atol=1e-5)
+
+
+def test_generate_adopts_a_cache_the_user_hands_in(counted):
+    model = model_of("rerope")
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        cached = model.generate(prompts(), **GENERATE, **{hf_rope_ext.cache_keyword(model): cache})
+        recomputed = model.generate(prompts(), use_cache=False, **GENERATE)
+    assert all(isinstance(layer, cache_layers.RotatedRows) for layer in cache.layers)
+    assert counted["compared"] == 0 and counted["trusted"] > 0
+    assert_same(cached, recomputed)
+
+
+def test_rope_cache_builds_rotating_dynamic_and_static_caches(counted):
+    model = model_of("xpos")
+    for cache in (hf_rope_ext.rope_cache(model), hf_rope_ext.rope_cache(model, max_cache_len=30)):
+        decode_steps(model, cache, prompts(), steps=3)
+        assert all(isinstance(layer, cache_layers.RotatedRows) for layer in cache.layers)
+    assert counted["compared"] == 0 and counted["trusted"] > 0
+
+
+def test_stock_models_get_stock_caches():
     stock = tiny_model("llama", {"rope_type": "default"}, attn_implementation="sdpa")
-    ours = model_of("rerope")
-    for model in (stock, ours):
-        model.generate(prompts(), max_new_tokens=3, do_sample=False, pad_token_id=0)
+    cache = DynamicCache(config=stock.config)
+    keyword = {hf_rope_ext.cache_keyword(stock): cache}
+    stock.generate(prompts(), max_new_tokens=3, do_sample=False, pad_token_id=0, **keyword)
+    built = DynamicCache(config=stock.config).layers
+    assert [type(layer) for layer in cache.layers] == [type(layer) for layer in built]
+    assert type(hf_rope_ext.rope_cache(stock).layers[0]) is type(built[0])
     assert not any(m._forward_pre_hooks for m in stock.modules())
-    assert [len(layer.self_attn._forward_pre_hooks) for layer in ours.model.layers] == [1, 1]
 
 
 def test_one_memory_switching_between_a_copy_and_a_rotation_stays_exact():
     """A purpose whose rows are first copies (rotate None: one buffer), then rotated, then copies again."""
-    module, keys = torch.nn.Identity(), torch.randn(1, 2, 12, 4)
-    positions = torch.arange(12)[None]
+    keys, positions = torch.randn(1, 2, 12, 4), torch.arange(12)[None]
     double = lambda x, p: 2 * x  # noqa: E731
-    for kv, turn, tag in ((9, None, "copy"), (10, double, "double"), (11, None, "copy"), (12, double, "double")):
-        got = rotated_cache.rotated(module, "p", (tag,), keys[:, :, :kv], positions[:, :kv], kv - 1, turn)
-        torch.testing.assert_close(got, keys[:, :, :kv] * (1 if turn is None else 2), rtol=0, atol=0)
-    owned = rotated_cache.rotated(module, "p", ("copy",), keys, positions, 11, None, own=8)
-    torch.testing.assert_close(owned[:, :, :8], keys[:, :, :8], rtol=0, atol=0)
+    for memory in (rotated_cache.beside(torch.nn.Identity()), rotated_cache.Memory({}, trusted=True)):
+        for kv, turn, tag in ((9, None, "copy"), (10, double, "double"), (11, None, "copy"), (12, double, "double")):
+            got = rotated_cache.rotated(memory, "p", (tag,), keys[:, :, :kv], positions[:, :kv], kv - 1, turn)
+            torch.testing.assert_close(got, keys[:, :, :kv] * (1 if turn is None else 2), rtol=0, atol=0)
+        owned = rotated_cache.rotated(memory, "p", ("copy",), keys, positions, 11, None, own=8)
+        torch.testing.assert_close(owned[:, :, :8], keys[:, :, :8], rtol=0, atol=0)

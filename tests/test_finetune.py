@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from conftest import FAMILIES, save_byte_llama, tiny_model
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, ByT5Tokenizer
@@ -466,5 +467,7 @@ def test_apply_lora_emits_no_future_warning():
         warnings.simplefilter("always")
         apply_lora(model, rank=2)
     assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+    if not hasattr(model, "is_activation_checkpointing"):  # the new name came with the deprecation
+        pytest.skip(f"transformers {transformers.__version__} does not deprecate is_gradient_checkpointing")
     with pytest.warns(FutureWarning, match="is_gradient_checkpointing"):  # still raised outside apply_lora
         _ = model.is_gradient_checkpointing

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from . import rotated_cache
+from .cache_layers import memory_of
 from .fast import run as run_fast
 from .kernel import KERNELS
 from .params import is_nope_layer, unsupported_reason
@@ -85,7 +87,7 @@ def chunk_rows(scorer, call: Call, bands: int) -> list[slice]:
     return [slice(i, min(i + size, stop)) for start, stop in scorer.segments(call) for i in range(start, stop, size)]
 
 
-def make_call(module, name, query, key, value, mask, position_ids) -> Call:
+def make_call(module, name, query, key, value, mask, position_ids, memory) -> Call:
     """Positions of queries and keys, the frequencies the layer's scorer rotates by (kv heads as they come)."""
     rope, layer_type = layer_rope(module)
     batch, heads, q_len, _ = query.shape
@@ -93,7 +95,7 @@ def make_call(module, name, query, key, value, mask, position_ids) -> Call:
     k_pos = key_positions(q_pos, mask, key.shape[2])
     inv_freq, score_scale = SCORERS[name].frequencies(module.config, layer_type, q_pos, k_pos, query.device)
     params = filled(rope, registry.get_method(name))
-    return Call(query, key, value, q_pos, k_pos, inv_freq, params, score_scale)
+    return Call(query, key, value, q_pos, k_pos, inv_freq, params, score_scale, memory)
 
 
 def refuse_extras(module, name: str, implementation: str, kwargs: dict) -> float | None:
@@ -168,9 +170,10 @@ def attend(implementation: str, module, query, key, value, attention_mask, scali
     name = attention_type_of(module)
     check_module(module, name, implementation)
     softcap = refuse_extras(module, name, implementation, kwargs)
+    memory = memory_of(key) or rotated_cache.beside(module)  # the cache layer's own, else compared (before cropping)
     key, value, attention_mask = crop_empty_slots(query, key, value, attention_mask)
     check_window_mask(module, name, attention_mask, key, kwargs.get("sliding_window"))
-    call = make_call(module, name, query, key, value, attention_mask, kwargs.get("position_ids"))
+    call = make_call(module, name, query, key, value, attention_mask, kwargs.get("position_ids"), memory)
     scorer = SCORERS[name]
     causal = kwargs.get("is_causal") if kwargs.get("is_causal") is not None else getattr(module, "is_causal", True)
     scale = (scaling if scaling is not None else query.shape[-1] ** -0.5) * call.score_scale

@@ -93,7 +93,7 @@ def near_keys(module, call: Call, reach: int) -> torch.Tensor:
     tag = ("near_key", tuple(call.inv_freq.tolist()))
     turn = lambda x, p: rotate(x, p, call.inv_freq)  # noqa: E731
     offset = call.key.shape[2] - 1
-    return rotated_cache.rotated(module, "near_key", tag, call.key, call.k_pos, offset, turn, start=reach)
+    return rotated_cache.rotated(call.memory, "near_key", tag, call.key, call.k_pos, offset, turn, start=reach)
 
 
 def near_regular(module, call: Call, window: int, scale: float, grad: bool):
@@ -132,7 +132,7 @@ def far_keys(scorer, module, call: Call, old_rows: int) -> torch.Tensor:
     tag, far = far_rotation(scorer, call, "far_key")
     if far is None:
         return call.key
-    return rotated_cache.rotated(module, "far_key", tag, call.key, call.k_pos, old_rows, far)
+    return rotated_cache.rotated(call.memory, "far_key", tag, call.key, call.k_pos, old_rows, far)
 
 
 def decoding(call: Call) -> bool:
@@ -152,7 +152,7 @@ def two_band_decode(scorer, module, call: Call, scale: float) -> torch.Tensor:
     reach = kv - window  # keys [reach, kv) are in the window (regular positions)
     far_positions = scorer.far_query(call.q_pos, call.params)  # [B, 1]
     tag, far = far_rotation(scorer, call, "decode_key")  # far None (ReRoPE): the buffer is a copy of the keys
-    keys = rotated_cache.rotated(module, "decode_key", tag, call.key, call.k_pos, kv - 1, far, own=reach)
+    keys = rotated_cache.rotated(call.memory, "decode_key", tag, call.key, call.k_pos, kv - 1, far, own=reach)
     near = near_keys(module, call, reach)  # R(n) k, n in [reach, kv)
     window_rows = keys[:, :, reach:]
     turned = None if keys.dtype == torch.float32 else rotated_cache.scratch(module, "turn", (2, *near.shape), near)

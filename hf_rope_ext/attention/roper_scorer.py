@@ -48,7 +48,7 @@ class RoperScorer(Scorer):
         inv_freq = value_inv_freq(call)
         tag = ("value", tuple(inv_freq.tolist()))
         turn = lambda x, p: rotate(x, p, inv_freq)  # noqa: E731
-        return rotated_cache.rotated(module, "value", tag, call.value, call.k_pos, old_rows, turn)
+        return rotated_cache.rotated(call.memory, "value", tag, call.value, call.k_pos, old_rows, turn)
 
     def finish(self, call: Call, out: torch.Tensor, rows: slice) -> torch.Tensor:
         return rotate(out, -call.q_pos[:, rows], value_inv_freq(call))

@@ -33,6 +33,7 @@ class Call:
     inv_freq: torch.Tensor  # [r/2] float64, plain RoPE theta_i of the rotary dims r
     params: dict  # this layer's rope_parameters (defaults filled in)
     score_scale: float = 1.0  # multiplies the softmax scale (a dynamic type's attention factor, squared)
+    memory: rotated_cache.Memory | None = None  # where rotated rows are remembered between calls (decode)
     state: dict = field(default_factory=dict)  # what ``prepare`` computed for all chunks
 
 
@@ -80,7 +81,7 @@ class Scorer:
         if "fast_key" not in call.state:
             tag = ("key", tuple(call.inv_freq.tolist()))
             call.state["fast_key"] = rotated_cache.rotated(
-                module, "key", tag, call.key, call.k_pos, old_rows, lambda x, p: rotate(x, p, call.inv_freq)
+                call.memory, "key", tag, call.key, call.k_pos, old_rows, lambda x, p: rotate(x, p, call.inv_freq)
             )
         return call.state["fast_key"]
 
@@ -111,3 +112,14 @@ def routes_through_attention(name: str, config) -> bool:
         return False
     method = registry.get_method(name)
     return method.kind == "attention" or getattr(config, "model_type", None) in FAMILIES
+
+
+def config_routes(config) -> bool:
+    """Whether a model of ``config`` rotates some layer inside the attention function (one of the package's types,
+    flat or per layer type), i.e. whether its cache should keep rotated rows (``cache_layers.adopt``)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None) or {}
+    flat = "rope_type" in params or "type" in params
+    dicts = [params] if flat else [v for v in params.values() if isinstance(v, dict)]
+    names = {d.get("rope_type", d.get("type")) for d in dicts}
+    return any(name in SCORERS and routes_through_attention(name, text) for name in names)

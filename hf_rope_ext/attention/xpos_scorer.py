@@ -84,7 +84,7 @@ class XposScorer(Scorer):
             tuple(ref.flatten().tolist()),
             str(sorted(call.params.items())),
         )
-        return q, rotated_cache.rotated(module, "xpos_key", tag, call.key, call.k_pos, old_rows, scaled)
+        return q, rotated_cache.rotated(call.memory, "xpos_key", tag, call.key, call.k_pos, old_rows, scaled)
 
     def bands(self, call: Call, rows: slice) -> Bands:
         m, n = call.q_pos[:, rows], call.k_pos

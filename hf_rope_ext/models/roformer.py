@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from transformers.cache_utils import Cache
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
 from transformers.models.roformer import configuration_roformer, modeling_roformer
 
@@ -273,12 +275,24 @@ def rotate_output_back(module, args, kwargs, output):
     return (back.reshape(context.shape), *output[1:])
 
 
-def rope_rows(module, rope: RoformerRope, input_ids_shape, past_key_values_length: int = 0, position_ids=None):
-    """Replacement of the positional embedding's forward: rows for any positions, from frequencies."""
+def stock_arguments(function, *args, **kwargs) -> list:
+    """The arguments of a call to ``function`` (a method of the installed transformers), in the order of its
+    parameters, defaults filled in: one reading for every release, whatever it names them (RoFormer's cache length
+    is ``past_key_values_length`` up to 5.23, ``cache_length`` from 5.24; transformers passes it by position)."""
+    bound = inspect.signature(function).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return list(bound.arguments.values())
+
+
+def rope_rows(module, rope: RoformerRope, *args, **kwargs):
+    """Replacement of the positional embedding's forward (input_ids_shape, cached length, position_ids): rows for any
+    positions, from frequencies."""
+    stock = modeling_roformer.RoFormerSinusoidalPositionalEmbedding.forward
+    _, input_ids_shape, cached, position_ids = stock_arguments(stock, module, *args, **kwargs)
     device = module.weight.device
     if position_ids is None:
-        length = past_key_values_length + input_ids_shape[1]
-        position_ids = torch.arange(past_key_values_length, length, device=device)
+        length = cached + input_ids_shape[1]
+        position_ids = torch.arange(cached, length, device=device)
     else:
         length = int(position_ids.max()) + 1
     inv_freq, scale = rope.frequencies(device, length)
@@ -375,7 +389,8 @@ class LateDefault:
             return self
         if self.name in obj.__dict__:
             return obj.__dict__[self.name]
-        if obj.__dict__.get("_post_init_done"):
+        # past transformers' rope check: 5.24 marks the end of __post_init__; every release sets _name_or_path after it
+        if obj.__dict__.get("_post_init_done") or "_name_or_path" in obj.__dict__:
             return {} if self.name == "rope_parameters" else None
         raise AttributeError(self.name)
 
@@ -405,8 +420,8 @@ class TableLengthError(ValueError, IndexError):
 
 def check_table_length(encoder, args: tuple, kwargs: dict) -> None:
     """Stock RoFormer looks positions up in a table of max_position_embeddings rows; past it, say what to set."""
-    hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]  # [B, L, hidden]
-    past = kwargs["past_key_values"] if "past_key_values" in kwargs else (args[4] if len(args) > 4 else None)
+    hidden = stock_arguments(_STOCK["forward"], encoder, *args, **kwargs)[1]  # [B, L, hidden]
+    past = next((v for v in (*args, *kwargs.values()) if isinstance(v, Cache)), None)  # its name differs by release
     cached = past.get_seq_length() if past is not None else 0
     rows = encoder.embed_positions.weight.shape[0]
     if cached + hidden.shape[1] > rows:
