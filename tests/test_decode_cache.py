@@ -257,3 +257,23 @@ def test_one_memory_switching_between_a_copy_and_a_rotation_stays_exact():
             torch.testing.assert_close(got, keys[:, :, :kv] * (1 if turn is None else 2), rtol=0, atol=0)
         owned = rotated_cache.rotated(memory, "p", ("copy",), keys, positions, 11, None, own=8)
         torch.testing.assert_close(owned[:, :, :8], keys[:, :, :8], rtol=0, atol=0)
+
+
+def kept_bytes(layer) -> int:
+    """Bytes of the rows a rotating layer keeps (a buffer shared by copy and rotation counted once)."""
+    buffers = {id(t): t for e in layer.rope_entries.values() for t in (e.rotated, e.source) if t is not None}
+    return sum(t.numel() * t.element_size() for t in buffers.values())
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_a_rotating_layer_keeps_at_most_one_more_copy_of_its_cache(name):
+    """Beyond the keys and values transformers caches, a layer keeps one key copy (RoPER: and one value copy),
+    the window's rotated keys and room for kv/8 more rows."""
+    model = model_of(name)
+    cache = hf_rope_ext.rope_cache(model)
+    decode_steps(model, cache, prompts(length=600) % 90 + 3, steps=2)
+    for layer in cache.layers:
+        copies = layer.keys.numel() * layer.keys.element_size() * (2 if name == "roper" else 1)
+        row = layer.keys[:, :, 0].numel() * layer.keys.element_size()
+        window = (PARAMS[name]["window"] + 64) * row if "window" in PARAMS[name] else 0  # its buffer: >= 64 rows room
+        assert 0 < kept_bytes(layer) <= copies * (1 + 1 / 8) + window + 2 * row

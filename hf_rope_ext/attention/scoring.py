@@ -117,8 +117,14 @@ def routes_through_attention(name: str, config) -> bool:
 def config_routes(config) -> bool:
     """Whether a model of ``config`` rotates some layer inside the attention function (one of the package's types,
     flat or per layer type), i.e. whether its cache should keep rotated rows (``cache_layers.adopt``)."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    params = getattr(text, "rope_parameters", None) or {}
+    text = config
+    if hasattr(config, "get_text_config"):
+        try:
+            text = config.get_text_config(decoder=True)
+        except ValueError:  # a composite config with several text configs: its own rope_parameters are read
+            text = config
+    params = getattr(text, "rope_parameters", None)
+    params = params if isinstance(params, dict) else {}
     flat = "rope_type" in params or "type" in params
     dicts = [params] if flat else [v for v in params.values() if isinstance(v, dict)]
     names = {d.get("rope_type", d.get("type")) for d in dicts}
