@@ -20,6 +20,7 @@ COMMANDS = {
     "finetune": "finetune",
     "export": "export",
     "push": "push",
+    "get-smollm2": "get_smollm2",
 }
 NO_TRANSFORMERS = ("list",)  # subcommands that run without registering into transformers
 # Errors of bad input or of the file system: one line on stderr, exit status 2; anything else is a bug (traceback).

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .. import configure
+from .. import configure, from_gguf
 from ..configure import accepted_keys
 
 NONE_TYPES = (None, "none", "default")  # "the model as saved"
@@ -66,8 +66,11 @@ def _parse_value(text: str):
 
 
 def check_model_path(path) -> Path:
-    """A local model folder (with config.json); FileNotFoundError naming what is missing."""
+    """A local model folder (with config.json), or a GGUF file, converted once to a folder (``from_gguf``);
+    FileNotFoundError naming what is missing."""
     path = Path(path)
+    if from_gguf.is_gguf(path):
+        return from_gguf.model_folder(path)
     if not path.exists():
         raise FileNotFoundError(f"model {str(path)!r} is not a model directory (no such folder)")
     if not (path / "config.json").is_file():

