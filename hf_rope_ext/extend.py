@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
 from . import outputs, registry
@@ -69,7 +70,17 @@ def _keys(rope_type) -> dict:
 
 
 def evaluate_method(
-    path, config, tokenizer, documents, rope_type, factors, base_plan: EvalPlan, progress=True, extra=None, far=None
+    path,
+    config,
+    tokenizer,
+    documents,
+    rope_type,
+    factors,
+    base_plan: EvalPlan,
+    progress=True,
+    extra=None,
+    far=None,
+    dtype="float32",
 ):
     """Records of one method over its runs, plus the last-chunk loss at every length with the largest factor and,
     with ``far`` (the sliding-window baseline loss), the far-context loss and ratio at every length of every run."""
@@ -78,7 +89,7 @@ def evaluate_method(
     records = []
     for factor, lengths in runs:
         params = run_parameters(config, rope_type, factor, pretrain, extra if rope_type is not None else None)
-        model = loading.load_model(path, params)
+        model = loading.load_model(path, params, dtype=getattr(torch, dtype))
         cache = CachedLosses()
         plan = EvalPlan(**{**base_plan.__dict__, "lengths": tuple(lengths), "last_chunk": None})
         found = evaluate_model(model, tokenizer, documents, plan, rope_type, factor, progress, cache)
@@ -95,10 +106,11 @@ def evaluate_method(
     return records
 
 
-def far_context_baseline(path, config, documents, factors, plan: EvalPlan) -> float:
+def far_context_baseline(path, config, documents, factors, plan: EvalPlan, dtype="float32") -> float:
     """The model as saved, reading the last L0 - 1 tokens of the longest window through a sliding L0 window."""
     pretrain = loading.pretraining_length(config)
-    model = loading.load_model(path, loading.rope_parameters_for(config, None, None, None))
+    params = loading.rope_parameters_for(config, None, None, None)
+    model = loading.load_model(path, params, dtype=getattr(torch, dtype))
     total = int(max(factors) * pretrain)
     return sliding_window_baseline(model, documents, total, pretrain, pretrain - 1, plan.documents, plan.far_stride)
 
@@ -124,9 +136,12 @@ def merge_last_chunk(records: list[dict], chunk: dict, name: str, factor, params
     return sorted(records, key=lambda r: (r["length"], r["factor"] or 0))
 
 
-def run_comparison(path, methods=None, factors=DEFAULT_FACTORS, plan=None, data=None, progress=True, extra=None):
+def run_comparison(
+    path, methods=None, factors=DEFAULT_FACTORS, plan=None, data=None, progress=True, extra=None, dtype="float32"
+):
     """Records of every method in ``methods`` (default: ``applicable_methods``) at the lengths the factors give;
-    ``plan`` sets what is measured (its lengths are ignored); ``extra`` parameters go to every type but none."""
+    ``plan`` sets what is measured (its lengths are ignored); ``extra`` parameters go to every type but none;
+    ``dtype`` ("float32" or "bfloat16") the models are loaded in."""
     config = loading.load_config(path)  # a model without RoPE is refused here, naming its model_type
     pretrain = loading.pretraining_length(config)
     factors = sorted(float(s) for s in factors)
@@ -139,10 +154,11 @@ def run_comparison(path, methods=None, factors=DEFAULT_FACTORS, plan=None, data=
             run_parameters(config, rope_type, factor, pretrain, extra if rope_type is not None else None)
     tokenizer = loading.load_tokenizer(path)
     documents = long_enough(load_token_documents(tokenizer, data), int(factors[-1] * pretrain), plan.documents)
-    far = far_context_baseline(path, config, documents, factors, plan) if plan.far_context else None
+    far = far_context_baseline(path, config, documents, factors, plan, dtype) if plan.far_context else None
     records = []
     for rope_type in tqdm(methods, desc="methods", disable=not progress):
-        records += evaluate_method(path, config, tokenizer, documents, rope_type, factors, plan, progress, extra, far)
+        args = (documents, rope_type, factors, plan, progress, extra, far, dtype)
+        records += evaluate_method(path, config, tokenizer, *args)
     return records
 
 

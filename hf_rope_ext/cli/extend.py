@@ -46,6 +46,28 @@ def add_parser(subparsers, name):
         help="sliding-window baseline stride (default 16; 1: exact)",
     )
     parser.add_argument("--generate", action="store_true", help="passkey by greedy generation too (slower)")
+    parser.add_argument(
+        "--passkey-prompts",
+        type=non_negative_int,
+        default=0,
+        help="pass keys by greedy generation: prompts per length, each read once and asked --passkey-keys "
+        "questions through its KV cache (default 0: none)",
+    )
+    parser.add_argument(
+        "--passkey-keys", type=positive_int, default=3, help="pass keys per --passkey-prompts prompt (default 3)"
+    )
+    parser.add_argument(
+        "--methods",
+        type=comma_list(str),
+        default=None,
+        help="comma-separated rope types to compare, 'none' for the model as saved (default: every applicable one)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="weights and activations (default float32; bfloat16 is about 1.4x faster on a CPU with bf16 support)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (also when stderr is no terminal)")
     return parser
 
@@ -69,7 +91,7 @@ def run(args) -> int:
     extra = parse_rope_params(args.rope_param)
     if extra and args.rope_type is None:
         raise ValueError(f"--rope-param {sorted(extra)} given without --rope-type")
-    methods = None if args.rope_type is None else [None, args.rope_type]
+    methods = chosen_methods(args)
     plan = EvalPlan(
         lengths=(2,),  # placeholder: run_comparison picks the lengths from the factors
         documents=args.documents,
@@ -79,8 +101,12 @@ def run(args) -> int:
         generate=args.generate,
         far_context=True,
         far_stride=args.far_stride,
+        multikey_prompts=args.passkey_prompts,
+        multikey_keys=args.passkey_keys,
     )
-    records = extend.run_comparison(path, methods, factor_list(args), plan, args.data, not args.no_progress, extra)
+    records = extend.run_comparison(
+        path, methods, factor_list(args), plan, args.data, not args.no_progress, extra, dtype=args.dtype
+    )
     out = extend.prepare_out_dir(target, args.overwrite, flag, writes_card=args.out is not None)
     text = tables(records, args)
     print(text)
@@ -95,8 +121,24 @@ def run(args) -> int:
         chosen = [r for r in records if r["rope_type"] in (args.rope_type, "none") and "perplexity" in r]
         card = extend.save_extended(path, args.rope_type, args.factor, out, chosen, plot.name, extra)
         print(f"model: {out}\ncard: {card}")
-    print(f"done in {time.time() - started:.0f} s")
+    print(f"done in {time.time() - started:.0f} s, peak resident memory {peak_memory_gib():.2f} GiB")
     return 0
+
+
+def chosen_methods(args) -> list | None:
+    """The methods to compare: --methods ('none' = as saved), else the model as saved and --rope-type, else all."""
+    if args.methods is not None and args.rope_type is not None:
+        raise ValueError("--methods and --rope-type: give one of them (--rope-type with --out saves that method)")
+    if args.methods is not None:
+        return [None if m in ("none", "default") else m for m in args.methods]
+    return None if args.rope_type is None else [None, args.rope_type]
+
+
+def peak_memory_gib() -> float:
+    """The peak resident memory of this process so far, GiB (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def tables(records, args) -> str:
@@ -114,6 +156,14 @@ def tables(records, args) -> str:
     if args.last_chunk:
         parts += [f"Loss on the last {args.last_chunk} tokens as the context grows (largest factor):", ""]
         parts += [report.pivot_table(records, "last_chunk_loss"), ""]
+    if args.passkey_prompts:
+        parts += [
+            f"Pass keys by greedy generation ({args.passkey_prompts} prompts x {args.passkey_keys} keys per cell, "
+            "each prompt read once and every key asked through its KV cache):",
+            "",
+            report.pivot_table(records, "multikey_accuracy"),
+            "",
+        ]
     if args.passkey_depths:
         parts += [
             f"Passkey accuracy (teacher-forced; {args.passkey_depths} depths x {args.passkey_trials} keys per cell):",
@@ -138,7 +188,8 @@ def header(records, args) -> str:
             f"- model: `{model}`",
             f"- documents: {'/'.join(map(str, counts)) or '-'} per length, the first long enough for the longest "
             f"length in file order, from {data}",
-            f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+            f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, dtype {args.dtype}, "
+            f"peak resident memory {peak_memory_gib():.2f} GiB",
             f"- command (equivalent): `{command_line(args)}`",
             "",
         ]
@@ -148,14 +199,18 @@ def header(records, args) -> str:
 def command_line(args) -> str:
     """An ``hf-rope-ext extend`` command line that repeats this run (every measure's option spelled out)."""
     words = ["hf-rope-ext", "extend"] + (["--model", str(args.model)] if args.model else [])
+    if args.methods is not None:
+        words += ["--methods", ",".join(args.methods)]
     if args.rope_type is not None:
         words += ["--rope-type", args.rope_type] + ([] if args.factor is None else ["--factor", f"{args.factor:g}"])
         words += [w for p in args.rope_param for w in ("--rope-param", p)]
     if args.factor is None:
         words += ["--factors", ",".join(f"{f:g}" for f in args.factors)]
     words += [] if args.data is None else ["--data", *args.data]
-    for option in ("documents", "last_chunk", "passkey_depths", "passkey_trials", "far_stride"):
+    for option in ("documents", "last_chunk", "passkey_depths", "passkey_trials", "far_stride", "passkey_prompts"):
         words += ["--" + option.replace("_", "-"), str(getattr(args, option))]
+    words += ["--passkey-keys", str(args.passkey_keys)] if args.passkey_prompts else []
+    words += ["--dtype", args.dtype] if args.dtype != "float32" else []
     return shlex.join(words + (["--generate"] if args.generate else []))
 
 

@@ -2,7 +2,8 @@
 
 A record is one (rope_type, factor, length) with the measures taken there: ``perplexity`` (and ``loss``,
 ``documents``), ``last_chunk_loss`` (the fixed final chunk of the longest length, read with ``length`` tokens of
-context), ``passkey_accuracy`` (teacher-forced) and ``passkey_generation_accuracy`` (greedy).
+context), ``passkey_accuracy`` (teacher-forced) and ``passkey_generation_accuracy`` (greedy), one key per prompt, and
+``multikey_accuracy`` (greedy, several keys per prompt).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from .data import long_enough
 from .last_chunk import last_chunk_losses
+from .multikey import multikey_accuracy
 from .passkey import passkey_accuracy
 from .perplexity import CachedLosses, truncated_perplexity
 
@@ -28,6 +30,8 @@ class EvalPlan:
     seed: int = 0
     far_context: bool = False  # main job only: far-context loss against the sliding-window baseline
     far_stride: int = 16  # the baseline's window stride (1: exact, every token sees L0 - 1 tokens)
+    multikey_prompts: int = 0  # pass keys by generation, several per prompt (eval.multikey); 0: none
+    multikey_keys: int = 3  # pass keys per prompt
 
     def __post_init__(self):
         if not self.lengths or any(int(x) != x or x < 2 for x in self.lengths):
@@ -55,6 +59,9 @@ def evaluate_model(
         if plan.passkey_depths:
             depths, trials, seed = plan.passkey_depths, plan.passkey_trials, plan.seed
             record.update(passkey_accuracy(model, tokenizer, n, depths, trials, plan.generate, seed, progress=progress))
+        if plan.multikey_prompts:
+            keys = plan.multikey_keys
+            record.update(multikey_accuracy(model, tokenizer, n, plan.multikey_prompts, keys, plan.seed, progress))
     if plan.last_chunk:
         chunk = last_chunk_losses(model, documents, lengths, plan.last_chunk, plan.documents, progress, losses)
         for record in records:
