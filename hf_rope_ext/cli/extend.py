@@ -89,8 +89,8 @@ def run(args) -> int:
     extend.check_out_dir(target, args.overwrite, flag, writes_card=args.out is not None)
     path = loading.check_model_path(args.model or bundled.default_model_path())
     extra = parse_rope_params(args.rope_param)
-    if extra and args.rope_type is None:
-        raise ValueError(f"--rope-param {sorted(extra)} given without --rope-type")
+    if extra and args.rope_type is None and args.methods is None:
+        raise ValueError(f"--rope-param {sorted(extra)} given without --rope-type or --methods")
     methods = chosen_methods(args)
     plan = EvalPlan(
         lengths=(2,),  # placeholder: run_comparison picks the lengths from the factors
