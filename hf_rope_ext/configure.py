@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import from_gguf
+
 KEPT_KEYS = ("rope_theta", "partial_rotary_factor")
 
 
@@ -33,7 +35,8 @@ def accepted_keys(rope_type: str) -> dict[str, bool]:
 
 
 def rope_parameters_for(source: Any, rope_type: str | None, **params: Any) -> dict:
-    """``rope_parameters`` for ``source`` (a config or a model directory/repo id) switched to ``rope_type``.
+    """``rope_parameters`` for ``source`` (a config, a model directory/repo id or a GGUF file) switched to
+    ``rope_type``.
 
     Keeps the saved base (``rope_theta``) and ``partial_rotary_factor``; sets
     ``original_max_position_embeddings`` to the saved pretraining length (``max_position_embeddings`` unless the
@@ -42,6 +45,8 @@ def rope_parameters_for(source: Any, rope_type: str | None, **params: Any) -> di
     """
     from transformers import AutoConfig, PretrainedConfig
 
+    if from_gguf.is_gguf(source):
+        source = from_gguf.model_folder(source)
     config = source if isinstance(source, PretrainedConfig) else AutoConfig.from_pretrained(source)
     saved = _flat_rope_parameters(config)
     if rope_type is None:

@@ -39,7 +39,8 @@ undone: these are the quantized model's weights, not the original checkpoint's.
 
 
 def is_gguf(path) -> bool:
-    return str(path).lower().endswith(GGUF_SUFFIX)
+    """Does ``path`` (a str or path; anything else is not) name a ``.gguf`` file?"""
+    return isinstance(path, (str, os.PathLike)) and str(path).lower().endswith(GGUF_SUFFIX)
 
 
 def cache_root() -> Path:

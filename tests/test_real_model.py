@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import hf_rope_ext
 from hf_rope_ext import smollm2
+from hf_rope_ext.eval.loading import load_model
 from hf_rope_ext.eval.multikey import OBJECTS, multikey_accuracy, prompt_ids
 
 IDS = list(range(100, 356))  # 256 ordinary tokens
@@ -103,3 +104,11 @@ def test_a_multikey_prompt_has_its_length_and_every_needle(real_model_dir):
     counts = [text.count(f"{k} is the pass key of the {n}") for n, k in zip(OBJECTS, keys, strict=False)]
     assert counts == [1, 1, 1]
     assert text.index("11111") < text.index("22222") < text.index("33333")
+
+
+def test_the_gguf_file_itself_is_a_model_input(real_model_dir):
+    """The GGUF file where a model folder goes: the same rope parameters and logits as the converted folder."""
+    gguf = smollm2.gguf_file()
+    params = hf_rope_ext.rope_parameters_for(gguf, "yarn", factor=2.0)
+    assert params == hf_rope_ext.rope_parameters_for(real_model_dir, "yarn", factor=2.0)
+    assert torch.equal(logits(load_model(gguf, params)), logits(load_model(real_model_dir, params)))
