@@ -9,18 +9,15 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .data import long_enough
+from .losses import next_token_losses
 
 
-@torch.no_grad()
 def token_losses(model, input_ids: torch.Tensor) -> torch.Tensor:
     """Next-token losses of one sequence ``input_ids`` (n,): shape (n - 1,), fp32; entry t scores token t + 1."""
-    device = next(model.parameters()).device
-    logits = model(input_ids=input_ids[None].to(device), use_cache=False).logits[0, :-1]  # (n-1, vocab)
-    return F.cross_entropy(logits.float(), input_ids[1:].to(device), reduction="none")
+    return next_token_losses(model, input_ids[None])[0]
 
 
 class CachedLosses:

@@ -17,7 +17,7 @@ DOCUMENT_CHARS = 140_000
 
 def is_python_docs(data) -> bool:
     """Does ``data`` (a --data value: None, a string or a list of strings) name this source?"""
-    items = [data] if isinstance(data, str) else list(data or ())
+    items = list(data) if isinstance(data, (list, tuple)) else [data]
     return items == [NAME]
 
 
