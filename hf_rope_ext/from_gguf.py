@@ -6,7 +6,7 @@ refuses, and each load dequantizes again (about 20 s for a 135M model). :func:`c
 weights as a plain safetensors checkpoint (the same architecture built from the GGUF's config without the
 quantization record), with the tokenizer and a card naming the source file; :func:`model_folder` does that once per
 file into a cache folder keyed by the file's content, so every command that takes a model folder takes a ``.gguf``
-file too.
+file too. A file with llama.cpp's rope scaling keys (``gguf_rope``) gets them as its config's ``rope_parameters``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from . import gguf_rope
 
 GGUF_SUFFIX = ".gguf"
 CARD = """---
@@ -104,6 +106,9 @@ def convert_gguf(src, dst, dtype: str = "bfloat16", license: str = "other", base
     model, tokenizer = load_dequantized(src)
     config = model.config
     config.__dict__.pop("quantization_config", None)  # what save_pretrained refuses; the weights are dequantized
+    declared = gguf_rope.rope_parameters_of(src)  # llama.cpp's rope scaling keys, which transformers skips
+    if declared is not None:
+        config.rope_parameters = declared
     clean = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     clean.load_state_dict(model.state_dict())
     dst.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import hf_rope_ext
-from hf_rope_ext import smollm2
+from hf_rope_ext import from_gguf, smollm2
+from hf_rope_ext.cli import main
 from hf_rope_ext.eval.loading import load_model
 from hf_rope_ext.eval.multikey import OBJECTS, multikey_accuracy, prompt_ids
 
@@ -112,3 +113,14 @@ def test_the_gguf_file_itself_is_a_model_input(real_model_dir):
     params = hf_rope_ext.rope_parameters_for(gguf, "yarn", factor=2.0)
     assert params == hf_rope_ext.rope_parameters_for(real_model_dir, "yarn", factor=2.0)
     assert torch.equal(logits(load_model(gguf, params)), logits(load_model(real_model_dir, params)))
+
+
+def test_a_yarn_gguf_for_llama_cpp_loads_back_with_its_rope(real_model_dir, tmp_path):
+    """`hf-rope-ext gguf` writes yarn x4 as llama.cpp's keys; loading that file gives yarn x4 and the logits of the
+    original file loaded with yarn x4 (the tensors are copied as they are)."""
+    out = tmp_path / "yarn4.gguf"
+    assert main(["gguf", str(smollm2.gguf_file()), "--rope-type", "yarn", "--factor", "4", "--out", str(out)]) == 0
+    params = hf_rope_ext.rope_parameters_for(real_model_dir, "yarn", factor=4.0)
+    config = AutoConfig.from_pretrained(from_gguf.model_folder(out))
+    assert config.rope_parameters == params and config.max_position_embeddings == 32768
+    assert torch.equal(logits(load_model(out)), logits(load_model(real_model_dir, params)))

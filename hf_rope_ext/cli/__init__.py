@@ -21,6 +21,7 @@ COMMANDS = {
     "export": "export",
     "push": "push",
     "get-smollm2": "get_smollm2",
+    "gguf": "gguf",
 }
 NO_TRANSFORMERS = ("list",)  # subcommands that run without registering into transformers
 # Errors of bad input or of the file system: one line on stderr, exit status 2; anything else is a bug (traceback).
