@@ -47,3 +47,22 @@ def test_methods_and_rope_type_together_are_refused_by_name(tiny_dir, tmp_path, 
 def test_an_unknown_method_is_named_before_any_run(tiny_dir, tmp_path, capsys):
     assert main(argv(tiny_dir, tmp_path / "r", "--methods", "none,yarm")) == 2
     assert "yarm" in capsys.readouterr().err
+
+
+def parsed(*words):
+    from hf_rope_ext.cli import build_parser
+
+    return build_parser().parse_args(["extend", *words])
+
+
+def test_a_long_model_gets_bounded_defaults_and_keeps_what_was_given():
+    from hf_rope_ext.cli.extend import fill_defaults
+
+    args = parsed("--documents", "2", "--dtype", "float32")
+    fill_defaults(args, 8192)
+    assert (args.factors, args.documents, args.last_chunk, args.passkey_depths) == ([2.0, 4.0], 2, 0, 0)
+    assert (args.passkey_prompts, args.far_stride, args.data, args.dtype) == (1, 1024, ["python-docs"], "float32")
+    args = parsed()
+    fill_defaults(args, 512)  # the bundled model: the defaults its README figures were measured with
+    assert (args.factors, args.documents, args.last_chunk, args.passkey_depths) == ([2.0, 4.0, 8.0], 3, 128, 5)
+    assert (args.passkey_prompts, args.far_stride, args.data, args.dtype) == (0, 16, None, "float32")

@@ -20,8 +20,8 @@ def add_parser(subparsers, name):
     parser.add_argument(
         "--factors",
         type=comma_list(factor),
-        default=[2.0, 4.0, 8.0],
-        help="factors s (>= 1) to compare at s x L0 (default 2,4,8)",
+        default=None,
+        help="factors s (>= 1) to compare at s x L0 (default 2,4,8; 2,4 for a long model, see below)",
     )
     parser.add_argument("--out", type=Path, default=None, help="save the patched model, card and report here")
     parser.add_argument("--report-dir", type=Path, default=None, help="where the report goes without --out")
@@ -30,28 +30,36 @@ def add_parser(subparsers, name):
         action="store_true",
         help="write into an existing --out / --report-dir, replacing only the files this command writes",
     )
-    parser.add_argument("--data", nargs="+", default=None, help="text files or folders (default: bundled eval split)")
-    parser.add_argument("--documents", type=positive_int, default=3, help="documents per length (default 3)")
     parser.add_argument(
-        "--last-chunk", type=non_negative_int, default=128, help="chunk size for last-chunk loss (0: skip)"
+        "--data",
+        nargs="+",
+        default=None,
+        help="text files or folders, or 'python-docs' (default: the bundled eval split; python-docs for a long model)",
+    )
+    parser.add_argument("--documents", type=positive_int, default=None, help="documents per length (default 3)")
+    parser.add_argument(
+        "--last-chunk", type=non_negative_int, default=None, help="last-chunk loss chunk size (default 128; 0: skip)"
     )
     parser.add_argument(
-        "--passkey-depths", type=non_negative_int, default=5, help="passkey depths per length (default 5; 0: skip)"
+        "--passkey-depths",
+        type=non_negative_int,
+        default=None,
+        help="teacher-forced passkey depths per length (default 5; 0: skip)",
     )
     parser.add_argument("--passkey-trials", type=positive_int, default=1, help="pass keys per depth (default 1)")
     parser.add_argument(
         "--far-stride",
         type=positive_int,
-        default=16,
-        help="sliding-window baseline stride (default 16; 1: exact)",
+        default=None,
+        help="sliding-window baseline stride (default 16; L0/8 for a long model; 1: exact)",
     )
     parser.add_argument("--generate", action="store_true", help="passkey by greedy generation too (slower)")
     parser.add_argument(
         "--passkey-prompts",
         type=non_negative_int,
-        default=0,
+        default=None,
         help="pass keys by greedy generation: prompts per length, each read once and asked --passkey-keys "
-        "questions through its KV cache (default 0: none)",
+        "questions through its KV cache (default 0: none; 1 for a long model)",
     )
     parser.add_argument(
         "--passkey-keys", type=positive_int, default=3, help="pass keys per --passkey-prompts prompt (default 3)"
@@ -65,8 +73,13 @@ def add_parser(subparsers, name):
     parser.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
-        default="float32",
-        help="weights and activations (default float32; bfloat16 is about 1.4x faster on a CPU with bf16 support)",
+        default=None,
+        help="weights and activations (default float32; bfloat16 for a long model, 1.4x faster on a CPU with bf16)",
+    )
+    parser.epilog = (
+        f"A long model (trained at >= {LONG_MODEL} tokens, such as SmolLM2 at 8192) gets defaults that bound the run: "
+        "--factors 2,4 --documents 1 --last-chunk 0 --passkey-depths 0 --passkey-prompts 1 --far-stride L0/8 "
+        "--data python-docs --dtype bfloat16 (any of them given is kept)."
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (also when stderr is no terminal)")
     return parser
@@ -88,6 +101,7 @@ def run(args) -> int:
     flag = "--out" if args.out is not None else "--report-dir"
     extend.check_out_dir(target, args.overwrite, flag, writes_card=args.out is not None)
     path = loading.check_model_path(args.model or bundled.default_model_path())
+    fill_defaults(args, loading.pretraining_length(loading.load_config(path)))
     extra = parse_rope_params(args.rope_param)
     if extra and args.rope_type is None and args.methods is None:
         raise ValueError(f"--rope-param {sorted(extra)} given without --rope-type or --methods")
@@ -123,6 +137,29 @@ def run(args) -> int:
         print(f"model: {out}\ncard: {card}")
     print(f"done in {time.time() - started:.0f} s, peak resident memory {peak_memory_gib():.2f} GiB")
     return 0
+
+
+LONG_MODEL = 4096  # from this pretraining length on, a forward pass at 4x costs minutes on a CPU
+
+
+def fill_defaults(args, pretrain: int) -> None:
+    """Give every measure option left unset its default: the bundled-model defaults, or for a model trained at
+    LONG_MODEL tokens or more the bounded ones (one document, one 3-key prompt per length, no last-chunk or
+    teacher-forced passkey, a coarser baseline stride, the long python-docs documents, bfloat16)."""
+    long = pretrain >= LONG_MODEL
+    defaults = {
+        "factors": [2.0, 4.0] if long else [2.0, 4.0, 8.0],
+        "documents": 1 if long else 3,
+        "last_chunk": 0 if long else 128,
+        "passkey_depths": 0 if long else 5,
+        "passkey_prompts": 1 if long else 0,
+        "far_stride": max(1, pretrain // 8) if long else 16,
+        "data": ["python-docs"] if long else None,
+        "dtype": "bfloat16" if long else "float32",
+    }
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
 
 
 def chosen_methods(args) -> list | None:
