@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/real_model_report.py                       # every cell below, about 5 h on 2 cores
     .venv/bin/python scripts/real_model_report.py --cells yarn:2 rerope:4 # some cells
+    .venv/bin/python scripts/real_model_report.py --cells lora:4           # the shipped PoSE LoRA adapter
 
 A cell is (method, factor s): the method with factor s (as ``hf-rope-ext extend`` sets its parameters) read at L0
 and s x L0 tokens, measuring what ``extend`` measures on a real model: pass keys by greedy generation, several per
@@ -10,7 +11,9 @@ baseline: the model as saved through a sliding 8192-token window, stride 1024). 
 ``hf_rope_ext.extend.evaluate_method``, so ``hf-rope-ext extend --model <smollm2> --methods M --factors s
 --documents 1 --last-chunk 0 --passkey-depths 0 --passkey-prompts P --far-stride 1024 --data python-docs --dtype
 bfloat16`` reproduces any row. Results go to ``--out``/results.json after every cell (a rerun skips the cells
-already there) and ``report.md`` (the README table).
+already there) and ``report.md`` (the README table). The ``lora`` cell reads the adapter of ``--adapter`` (default:
+``examples/smollm2-yarn4-pose-lora``, trained by ``finetune`` with yarn x4 and PoSE) merged into its base, with the
+base model's sliding-window baseline.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ CELLS = [
     *[(m, 4, 4) for m in ("yarn", "self_extend", "rerope", "none", "leaky_rerope", "dynamic_yarn", "ntk_by_parts")],
     *[(m, 2, 2) for m in ("leaky_rerope", "dynamic_yarn", "ntk_by_parts", "ntk", "part_ntk", "dynamic", "linear")],
     *[(m, 4, 1) for m in ("ntk", "part_ntk", "dynamic", "linear")],
+    ("lora", 4, 4),
 ]
+ADAPTER = Path(__file__).resolve().parent.parent / "examples" / "smollm2-yarn4-pose-lora"
 FAR_STRIDE = 1024
 COMMAND = (
     "hf-rope-ext extend --model {model} --methods {method} --factors {factor} --documents 1 --last-chunk 0 "
@@ -60,17 +65,34 @@ def baseline(folder, config, documents, factor: int, done: dict) -> float:
     return done[key]
 
 
-def run_cell(folder, config, tokenizer, documents, cell, done: dict) -> list[dict]:
+def merged(adapter: Path, base: Path, out: Path) -> Path:
+    """The adapter merged into its base (its config's rope parameters kept), saved once under ``out``."""
+    from hf_rope_ext.train.prepare import load_adapter
+
+    target = out / f"merged-{adapter.name}"
+    if not (target / "config.json").is_file():
+        model = load_adapter(str(adapter), base=str(base)).merge_and_unload()
+        model.save_pretrained(target)
+        loading.load_tokenizer(base).save_pretrained(target)
+    return target
+
+
+def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Path, out: Path) -> list[dict]:
     method, factor, prompts = cell
     far = baseline(folder, config, documents, factor, done)
-    rope_type = None if method == "none" else method
+    rope_type = None if method in ("none", "lora") else method
+    model = merged(adapter, folder, out) if method == "lora" else folder
     start = time.perf_counter()
     args = (documents, rope_type, [float(factor)], plan(prompts), True, None, far, "bfloat16")
-    records = extend.evaluate_method(folder, config, tokenizer, *args)
+    records = extend.evaluate_method(model, config, tokenizer, *args)
+    if method == "lora":
+        records = [{**r, "rope_type": "yarn x4 + PoSE LoRA"} for r in records]
     extra = {
         "cell_seconds": round(time.perf_counter() - start),
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-        "command": COMMAND.format(model="<smollm2>", method=method, factor=factor, prompts=prompts),
+        "command": COMMAND.format(model="<smollm2>", method=method, factor=factor, prompts=prompts)
+        if method != "lora"
+        else f"python scripts/real_model_report.py --cells lora:4 --adapter {adapter}",
     }
     return [{**r, "cell_factor": factor, **extra} for r in records]
 
@@ -113,6 +135,7 @@ def main() -> None:
     parser.add_argument("--model", help="model folder (default: SmolLM2 from `hf-rope-ext get-smollm2`)")
     parser.add_argument("--cells", nargs="+", default=None, help="method:factor cells to run (default: all)")
     parser.add_argument("--out", type=Path, default=Path("runs/real-model"))
+    parser.add_argument("--adapter", type=Path, default=ADAPTER, help="the adapter of the lora cell")
     args = parser.parse_args()
     folder = Path(args.model) if args.model else smollm2.ensure()
     config, tokenizer = loading.load_config(folder), loading.load_tokenizer(folder)
@@ -124,7 +147,7 @@ def main() -> None:
     for cell in wanted:
         key = f"{cell[0]}:{cell[1]}"
         if key not in done:
-            done[key] = run_cell(folder, config, tokenizer, documents, cell, done)
+            done[key] = run_cell(folder, config, tokenizer, documents, cell, done, args.adapter, args.out)
             results.write_text(json.dumps(done, indent=1) + "\n")
             print(f"{key}: {done[key][-1]['cell_seconds']} s", flush=True)
         (args.out / "report.md").write_text(table(done) + "\n")
