@@ -140,7 +140,11 @@ def main() -> None:
     folder = Path(args.model) if args.model else smollm2.ensure()
     config, tokenizer = loading.load_config(folder), loading.load_tokenizer(folder)
     documents = long_enough(load_token_documents(tokenizer, "python-docs"), 4 * 8192, 1)
-    wanted = CELLS if args.cells is None else [c for c in CELLS if f"{c[0]}:{c[1]}" in args.cells]
+    named = {f"{c[0]}:{c[1]}": c for c in CELLS}
+    unknown = sorted(set(args.cells or ()) - set(named))
+    if unknown:
+        parser.error(f"--cells {unknown}: allowed {sorted(named)}")
+    wanted = CELLS if args.cells is None else [named[c] for c in args.cells]  # in the order given
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.json"
     done = json.loads(results.read_text()) if results.is_file() else {}

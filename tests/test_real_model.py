@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +18,9 @@ from hf_rope_ext import from_gguf, smollm2
 from hf_rope_ext.cli import main
 from hf_rope_ext.eval.loading import load_model
 from hf_rope_ext.eval.multikey import OBJECTS, multikey_accuracy, prompt_ids
+from hf_rope_ext.train.prepare import load_adapter
 
+ROOT = Path(__file__).resolve().parents[1]
 IDS = list(range(100, 356))  # 256 ordinary tokens
 
 
@@ -124,3 +127,15 @@ def test_a_yarn_gguf_for_llama_cpp_loads_back_with_its_rope(real_model_dir, tmp_
     config = AutoConfig.from_pretrained(from_gguf.model_folder(out))
     assert config.rope_parameters == params and config.max_position_embeddings == 32768
     assert torch.equal(logits(load_model(out)), logits(load_model(real_model_dir, params)))
+
+
+def test_the_shipped_adapter_loads_on_the_real_model_and_changes_its_output(real_model_dir):
+    """examples/smollm2-yarn4-pose-lora (yarn x4, PoSE LoRA): loaded on the converted SmolLM2 with its extended
+    config, the base gets yarn x4 and the adapter moves the logits; merged, it gives the same logits."""
+    adapter = ROOT / "examples" / "smollm2-yarn4-pose-lora"
+    model = load_adapter(str(adapter), base=str(real_model_dir), dtype=torch.float32).eval()
+    params = hf_rope_ext.rope_parameters_for(real_model_dir, "yarn", factor=4.0)
+    assert model.config.rope_parameters == params
+    tuned, plain = logits(model), logits(load(real_model_dir, rope_parameters=params))
+    assert torch.isfinite(tuned).all() and (tuned - plain).abs().max() > 0.1
+    torch.testing.assert_close(logits(model.merge_and_unload()), tuned, rtol=1e-4, atol=1e-4)
