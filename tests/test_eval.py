@@ -225,7 +225,7 @@ def test_rope_parameters_for_fills_theta_and_pretraining_length():
         ("no_such_type", 2.0, {}, KeyError, "no_such_type"),
         (None, 2.0, {}, ValueError, "without a rope_type"),
         ("dynamic_yarn", 2.0, {}, ValueError, "takes no factor"),
-        ("yarn", 2.0, {"windw": 3}, ValueError, "'windw'=3 is not taken"),
+        ("yarn", 2.0, {"windw": 3}, ValueError, r"\['windw'\]=3 is not a parameter of rope_type='yarn'"),
         ("yarn", None, {}, KeyError, "needs 'factor'"),
     ],
 )

@@ -119,7 +119,7 @@ def test_extend_out_saves_a_model_that_reloads_to_the_same_logits(tiny_dir, docs
         (["--model", "/nonexistent/model"], "not a model directory"),
         (["--rope-type", "bogus"], "bogus"),
         (["--out", "somewhere"], "--rope-type"),
-        (["--rope-type", "yarn", "--rope-param", "nope=1"], "'nope'=1 is not taken"),
+        (["--rope-type", "yarn", "--rope-param", "nope=1"], "['nope']=1 is not a parameter of rope_type='yarn'"),
     ],
 )
 def test_extend_bad_input(tiny_dir, docs_dir, tmp_path, args, message, capsys):  # noqa: F811
