@@ -9,7 +9,7 @@ import shlex
 import time
 from pathlib import Path
 
-from .args import comma_list, factor, model_argument, non_negative_int, positive_int
+from .args import comma_list, factor, model_argument, non_negative_int, positive_int, progress_argument
 from .eval_cmd import add_rope_arguments
 
 
@@ -46,7 +46,7 @@ def add_parser(subparsers, name):
         help="sliding-window baseline stride (default 16; 1: exact)",
     )
     parser.add_argument("--generate", action="store_true", help="passkey by greedy generation too (slower)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (also when stderr is no terminal)")
+    progress_argument(parser)
     return parser
 
 
@@ -55,8 +55,8 @@ def factor_list(args) -> list[float]:
 
 
 def run(args) -> int:
-    from .. import bundled, extend
-    from ..eval import loading, parse_rope_params, report
+    from .. import bundled, extend, outputs
+    from ..eval import loading, parse_rope_params
     from ..eval.runner import EvalPlan
 
     started = time.time()
@@ -64,7 +64,7 @@ def run(args) -> int:
         raise ValueError("--out saves a patched model: pass --rope-type (and --factor where the type takes one)")
     target = args.out or args.report_dir or Path("runs") / time.strftime("extend-%Y%m%d-%H%M%S")
     flag = "--out" if args.out is not None else "--report-dir"
-    extend.check_out_dir(target, args.overwrite, flag, writes_card=args.out is not None)
+    stage = outputs.Staged(target, args.overwrite, flag, writes_card=args.out is not None)  # refused before any work
     path = loading.check_model_path(args.model or bundled.default_model_path())
     extra = parse_rope_params(args.rope_param)
     if extra and args.rope_type is None:
@@ -81,22 +81,36 @@ def run(args) -> int:
         far_stride=args.far_stride,
     )
     records = extend.run_comparison(path, methods, factor_list(args), plan, args.data, not args.no_progress, extra)
-    out = extend.prepare_out_dir(target, args.overwrite, flag, writes_card=args.out is not None)
-    text = tables(records, args)
-    print(text)
-    (out / "report.md").write_text(text, encoding="utf-8")
     pretrain = loading.pretraining_length(loading_config(path))
-    plot = report.plot_perplexity(records, out / "perplexity.png", pretrain, title=f"{path.name}: perplexity vs length")
-    print(f"report: {report.write_json(records, out / 'report.json')}\nplot: {plot}")
-    if args.passkey_depths:
-        print(f"passkey heatmaps: {report.plot_passkey_grid(records, out / 'passkey.png', passkey_title(path))}")
-    print(f"report.md: {out / 'report.md'}")
-    if args.out is not None:
-        chosen = [r for r in records if r["rope_type"] in (args.rope_type, "none") and "perplexity" in r]
-        card = extend.save_extended(path, args.rope_type, args.factor, out, chosen, plot.name, extra)
-        print(f"model: {out}\ncard: {card}")
+    text = tables(records, args)
+    with stage as out:  # written into a temporary sibling, renamed at the end
+        written = write_report(records, args, path, text, out, pretrain)
+        if args.out is not None:
+            chosen = [r for r in records if r["rope_type"] in (args.rope_type, "none") and "perplexity" in r]
+            length = int(max(factor_list(args)) * pretrain)
+            extend.save_extended(
+                path, args.rope_type, args.factor, out, chosen, "perplexity.png", extra, target, length
+            )
+            written += [("model", ""), ("card", "README.md")]
+    print(text)
+    for what, name in written:
+        print(f"{what}: {target / name}")
     print(f"done in {time.time() - started:.0f} s")
     return 0
+
+
+def write_report(records, args, path, text: str, out: Path, pretrain: int) -> list[tuple[str, str]]:
+    """report.md, report.json and the plots into ``out``; returns (what, file name) pairs."""
+    from ..eval import report
+
+    (out / "report.md").write_text(text, encoding="utf-8")
+    report.write_json(records, out / "report.json")
+    report.plot_perplexity(records, out / "perplexity.png", pretrain, title=f"{path.name}: perplexity vs length")
+    written = [("report", "report.json"), ("plot", "perplexity.png")]
+    if args.passkey_depths:
+        report.plot_passkey_grid(records, out / "passkey.png", passkey_title(path))
+        written.append(("passkey heatmaps", "passkey.png"))
+    return written + [("report.md", "report.md")]
 
 
 def tables(records, args) -> str:

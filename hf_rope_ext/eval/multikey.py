@@ -11,8 +11,8 @@ Attention-level types get the package's rotating cache (``hf_rope_ext.rope_cache
 from __future__ import annotations
 
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import bar
 from .passkey import FILLER, TASK, filler_tokens, passkeys
 
 DOORS = (
@@ -76,7 +76,7 @@ def multikey_accuracy(model, tokenizer, length: int, prompts: int = 2, keys: int
     keyword = hf_rope_ext.cache_keyword(model)
     all_keys = passkeys(prompts * keys, seed)
     hits, misses = 0, []
-    for p in tqdm(range(prompts), desc=f"multikey @{length}", disable=not progress):
+    for p in bar(range(prompts), desc=f"multikey @{length}", enabled=progress):
         chosen = all_keys[p * keys : (p + 1) * keys]
         cache = hf_rope_ext.rope_cache(model)
         model(torch.tensor([prompt_ids(tokenizer, length, chosen)]), logits_to_keep=1, **{keyword: cache})

@@ -10,8 +10,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
+from ..progress import bar
 from .data import long_enough
 
 
@@ -41,7 +41,6 @@ def truncated_perplexity(model, documents, length: int, limit: int | None = None
     """{'perplexity', 'loss', 'documents', 'tokens'} over the first ``length`` tokens of each long-enough document."""
     losses_fn = losses_fn or token_losses
     docs = long_enough(documents, length, limit)
-    bar = tqdm(docs, desc=f"perplexity @{length}", disable=not progress, leave=False)
-    losses = [losses_fn(model, doc[:length]) for doc in bar]
+    losses = [losses_fn(model, doc[:length]) for doc in bar(docs, desc=f"perplexity @{length}", enabled=progress)]
     mean = torch.cat(losses).mean().item()
     return {"perplexity": math.exp(mean), "loss": mean, "documents": len(docs), "tokens": len(docs) * (length - 1)}
