@@ -17,6 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .outputs import apply_umask
+
 GGUF_SUFFIX = ".gguf"
 CARD = """---
 license: {license}
@@ -107,13 +109,11 @@ def convert_gguf(src, dst, dtype: str = "bfloat16", license: str = "other", base
     clean.load_state_dict(model.state_dict())
     dst.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp makes it 0700: the folder gets the user's usual permissions
     try:
         clean.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "README.md").write_text(card(src, config, dtype, license, base, note), encoding="utf-8")
+        apply_umask(staging)  # mkdtemp makes it 0700 and safetensors its files 0600: the user's usual permissions
         staging.rename(dst)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

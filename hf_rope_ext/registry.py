@@ -164,7 +164,7 @@ def type_spec(rope_type: str) -> tuple[dict[str, Param], CheckFn | None]:
     if rope_type in BUILTIN_PARAMS:
         return BUILTIN_PARAMS[rope_type], BUILTIN_CHECKS.get(rope_type)
     method = get_method(rope_type)
-    return {**PACKAGE_KEYS, **method.params}, method.check
+    return {**method.params, **{k: v for k, v in PACKAGE_KEYS.items() if k not in method.params}}, method.check
 
 
 def _check_required(rope_type: str, params: dict[str, Param], given: dict) -> None:
