@@ -104,7 +104,7 @@ def test_extend_out_saves_a_model_that_reloads_to_the_same_logits(tiny_dir, docs
     with torch.no_grad():
         expected = load_model(tiny_dir, saved)(ids).logits
         torch.testing.assert_close(load_model(out)(ids).logits, expected, rtol=0, atol=0)
-    records = json.loads((out / "report.json").read_text())
+    records = json.loads((out / "report.json").read_text())["records"]
     assert {r["rope_type"] for r in records} == {"none", "ntk_by_parts"}
     assert (out / "perplexity.png").is_file() and "ntk_by_parts" in (out / "README.md").read_text()
     assert "| ntk_by_parts |" in (out / "report.md").read_text()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 
 from ..did_you_mean import did_you_mean
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     try:
         args = parse(build_parser(), argv)
+        args._command = shlex.join(["hf-rope-ext", *(sys.argv[1:] if argv is None else argv)])  # for reports
     except SystemExit as stop:  # --help (0), or a usage error argparse has printed with the usage (2)
         return stop.code if isinstance(stop.code, int) else int(stop.code is not None)
     quiet_progress(args)

@@ -63,6 +63,7 @@ def run(args) -> int:
         parse_rope_params,
         report,
     )
+    from ..eval.metadata import run_metadata
 
     for flag, path in (("--json", args.json), ("--plot", args.plot), ("--needle", args.needle)):
         outputs.check_file(path, args.overwrite, flag)
@@ -88,7 +89,7 @@ def run(args) -> int:
     print(report.markdown_table(records))
     title = f"needle in a haystack: {records[0]['rope_type']}" + (f" x{args.factor:g}" if args.factor else "")
     writers = {
-        args.json: lambda tmp: report.write_json(records, tmp),
+        args.json: lambda tmp: report.write_json(records, tmp, run_metadata(path, args._command, adapter, args.data)),
         args.plot: lambda tmp: report.plot_perplexity(records, tmp, pretrain),
         args.needle: lambda tmp: report.plot_heatmap(grid.numpy(), depths, lengths, tmp, title),
     }

@@ -57,6 +57,7 @@ def factor_list(args) -> list[float]:
 def run(args) -> int:
     from .. import bundled, extend, outputs
     from ..eval import loading, parse_rope_params
+    from ..eval.metadata import run_metadata
     from ..eval.runner import EvalPlan
 
     started = time.time()
@@ -82,9 +83,10 @@ def run(args) -> int:
     )
     records = extend.run_comparison(path, methods, factor_list(args), plan, args.data, not args.no_progress, extra)
     pretrain = loading.pretraining_length(loading_config(path))
-    text = tables(records, args)
+    meta = run_metadata(path, command_line(args), data=args.data)
+    text = tables(records, args, meta)
     with stage as out:  # written into a temporary sibling, renamed at the end
-        written = write_report(records, args, path, text, out, pretrain)
+        written = write_report(records, args, path, text, out, pretrain, meta)
         if args.out is not None:
             chosen = [r for r in records if r["rope_type"] in (args.rope_type, "none") and "perplexity" in r]
             length = int(max(factor_list(args)) * pretrain)
@@ -99,26 +101,33 @@ def run(args) -> int:
     return 0
 
 
-def write_report(records, args, path, text: str, out: Path, pretrain: int) -> list[tuple[str, str]]:
-    """report.md, report.json and the plots into ``out``; returns (what, file name) pairs."""
+def write_report(records, args, path, text: str, out: Path, pretrain: int, meta: dict) -> list[tuple[str, str]]:
+    """report.md, report.json (records and the run's metadata) and the plots into ``out``; returns (what, file
+    name) pairs."""
     from ..eval import report
 
     (out / "report.md").write_text(text, encoding="utf-8")
-    report.write_json(records, out / "report.json")
+    report.write_json(records, out / "report.json", meta)
     report.plot_perplexity(records, out / "perplexity.png", pretrain, title=f"{path.name}: perplexity vs length")
     written = [("report", "report.json"), ("plot", "perplexity.png")]
+    if any("far_context_ratio" in r for r in records):
+        report.plot_far_context(records, out / "far_context.png", f"{path.name}: {FAR_TITLE}")
+        written.append(("far-context plot", "far_context.png"))
     if args.passkey_depths:
         report.plot_passkey_grid(records, out / "passkey.png", passkey_title(path))
         written.append(("passkey heatmaps", "passkey.png"))
     return written + [("report.md", "report.md")]
 
 
-def tables(records, args) -> str:
-    """The Markdown report: what was run (model, documents, date, command), then the tables, length across."""
+FAR_TITLE = "far-context ratio vs length (below 1: the context beyond L0 helps)"
+
+
+def tables(records, args, meta: dict) -> str:
+    """The Markdown report: what was run (model, documents, date, command, versions), then the tables."""
     from ..eval import report
 
     parts = [
-        header(records, args),
+        header(records, args, meta),
         "Perplexity (at s x L0 the method runs with factor s; at L0 with the smallest factor):",
         "",
     ]
@@ -138,22 +147,25 @@ def tables(records, args) -> str:
     return "\n".join(parts)
 
 
-def header(records, args) -> str:
-    """Model, documents, date and the command line, as the report's first lines."""
+def header(records, args, meta: dict) -> str:
+    """Model, documents, date, the command line and the versions (``meta``: the run's metadata), as the report's
+    first lines."""
     from .. import bundled
 
     model = args.model or f"{bundled.default_model_path()} (bundled)"
     data = "the bundled eval split (stdlib files)" if args.data is None else ", ".join(args.data)
     counts = sorted({r["documents"] for r in records if "documents" in r})
+    versions = ", ".join(f"{name} {v}" for name, v in meta["versions"].items() if v)
     return "\n".join(
         [
             "# hf-rope-ext extend",
             "",
-            f"- model: `{model}`",
+            f"- model: `{model}` (config and weights sha256 `{meta['model_sha256']}`)",
             f"- documents: {'/'.join(map(str, counts)) or '-'} per length, the first long enough for the longest "
             f"length in file order, from {data}",
-            f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
-            f"- command (equivalent): `{command_line(args)}`",
+            f"- date: {meta['date']}",
+            f"- command (equivalent): `{meta['command']}`",
+            f"- versions: {versions}",
             "",
         ]
     )
