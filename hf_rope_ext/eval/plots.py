@@ -94,9 +94,7 @@ def plot_by_level(
     line at ``baseline`` and a vertical one at ``pretraining_length`` in every panel when given."""
     plt = _pyplot()
     groups = by_level(records, value)
-    fig, axes = plt.subplots(
-        1, len(groups), figsize=(4.4 * len(groups) + 1.2, 4.4), sharey=True, squeeze=False
-    )
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.4 * len(groups) + 1.2, 4.4), sharey=True, squeeze=False)
     for ax, (panel, names) in zip(axes[0], groups, strict=True):
         draw_panel(ax, records, names, value, panel)
         if baseline is not None:
