@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..outputs import apply_umask
-from .loop import LOG_FILE, latest_checkpoint
+from .loop import LOG_FILE, Interrupted, latest_checkpoint
 
 
 def work_dir(out, resume_from=None) -> Path:
@@ -49,7 +49,9 @@ def run_folder(accelerator, out, resume_from=None, custom_log_dir=None):
     out, work = Path(out), work_dir(out, resume_from)
     try:
         yield work
-    except BaseException:
+    except BaseException as err:
+        if isinstance(err, Interrupted) and work != out:  # its checkpoint, where it will be
+            err.checkpoint = out / err.checkpoint.relative_to(work)
         if accelerator.is_main_process and work != out:
             _keep_or_discard(work, out, custom_log_dir)
         raise
