@@ -40,11 +40,12 @@ def unreadable(path, err: BaseException, remedy: str = REMEDY) -> UnreadableFile
 
 
 @contextmanager
-def reading(path, remedy: str = REMEDY):
-    """Around a loader of ``path`` (a file, or the folder whose files it reads): its load errors name ``path``."""
+def reading(path, remedy: str = REMEDY, also: tuple[type[BaseException], ...] = ()):
+    """Around a loader of ``path`` (a file, or the folder whose files it reads): its load errors (and ``also``, what a
+    particular parser raises) name ``path``."""
     try:
         yield
-    except load_errors() as err:
+    except (*load_errors(), *also) as err:
         raise unreadable(path, err, remedy) from err
 
 

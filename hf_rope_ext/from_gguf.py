@@ -14,10 +14,14 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
+from .files import reading
 from .outputs import apply_umask
+
+GGUF_REMEDY = "a damaged or incomplete GGUF file (download it again), or one transformers' GGUF reader cannot read"
 
 GGUF_SUFFIX = ".gguf"
 CARD = """---
@@ -86,8 +90,9 @@ def load_dequantized(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        with reading(path, GGUF_REMEDY, also=(struct.error, ValueError, KeyError, IndexError)):
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except ImportError as err:  # the gguf package is missing
         raise OSError(f"reading {str(path)!r} needs the gguf package: pip install gguf ({err})") from None
     return model, tokenizer

@@ -137,6 +137,18 @@ def test_every_command_names_a_damaged_file_and_leaves_no_output(case, tiny, doc
     assert leftovers(tmp_path, {"model"}) == []
 
 
+@pytest.mark.parametrize("command", ["get-smollm2", "eval"])
+def test_a_damaged_gguf_file_is_named_and_leaves_no_output(command, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_ROPE_EXT_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "cache" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # as get-smollm2 caches it
+    gguf.parent.mkdir(parents=True)
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00cut short")
+    argv = {"get-smollm2": ["get-smollm2", "--out", str(tmp_path / "out")], "eval": ["eval", "--model", str(gguf)]}
+    assert main(argv[command]) == 2
+    assert error_of(capsys).startswith(f"hf-rope-ext {command}: error: cannot read {str(gguf)!r}")
+    assert leftovers(tmp_path, {"cache"}) == [] and leftovers(tmp_path / "cache", {"downloads"}) == []
+
+
 def test_a_damaged_checkpoint_is_named_and_the_run_stays_resumable(byte_llama, docs_dir, tmp_path, capsys):  # noqa: F811
     done = finished_run(byte_llama, docs_dir, tmp_path)
     out = tmp_path / "stopped"  # a run stopped after its first checkpoint: its folder without the adapter
