@@ -36,22 +36,23 @@ def mode() -> str:
     return _mode or ("bars" if sys.stderr.isatty() or "ipykernel" in sys.modules else "lines")
 
 
-def bar(iterable=None, *, desc: str = "", total=None, unit: str = "it", nested: bool = True, enabled: bool = True):
-    """A progress bar over ``iterable`` (or one counted with ``update``) in the current mode. ``nested=False``: a
-    top-level loop, whose finished bar stays on the terminal."""
+def bar(iterable=None, *, desc="", total=None, initial=0, unit="it", nested=True, enabled=True):
+    """A progress bar over ``iterable`` (or one counted from ``initial`` with ``update``) in the current mode.
+    ``nested=False``: a top-level loop, whose finished bar stays on the terminal."""
     chosen = mode() if enabled else "off"
     if chosen == "lines":
-        return Lines(iterable, desc, total)
+        return Lines(iterable, desc, total, initial)
     from tqdm.auto import tqdm
 
-    return tqdm(iterable, desc=desc, total=total, unit=unit, leave=not nested, disable=chosen == "off")
+    leave, off = not nested, chosen == "off"
+    return tqdm(iterable, desc=desc, total=total, initial=initial, unit=unit, leave=leave, disable=off)
 
 
 class Lines:
     """A loop reported by the timer's plain lines (see the module docstring); the tqdm calls the package uses."""
 
-    def __init__(self, iterable=None, desc: str = "", total=None):
-        self.iterable, self.desc, self.n, self.postfix = iterable, desc, 0, ""
+    def __init__(self, iterable=None, desc: str = "", total=None, initial: int = 0):
+        self.iterable, self.desc, self.n, self.postfix = iterable, desc, initial, ""
         self.total = total if total is not None else _length(iterable)
         TICKER.open(self)
 

@@ -326,8 +326,9 @@ def train(
     accelerator.register_save_state_pre_hook(keep_trainable_only)
     loaders = stage_loaders(accelerator, datasets, settings)
     step = load_checkpoint(accelerator, resume_from, plan) if resume_from else 0
-    bar = progress_bar(total=total, desc="fine-tuning", nested=False, enabled=accelerator.is_local_main_process)
-    bar.update(step)
+    bar = progress_bar(
+        total=total, initial=step, desc="fine-tuning", nested=False, enabled=accelerator.is_local_main_process
+    )
     log = CsvLog(log_dir, accelerator.is_main_process, step)
     run = Run(
         accelerator=accelerator,
