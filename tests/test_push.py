@@ -161,7 +161,8 @@ def test_push_of_a_run_folder_uploads_what_a_reader_needs_with_the_base_as_a_hub
     out = subprocess.run([sys.executable, "-m", "hf_rope_ext", *argv], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     uploaded = ["README.md", "adapter_config.json", "adapter_model.safetensors", "config.json"]
-    assert sorted(p.name for p in dry.iterdir()) == uploaded and all(p.is_file() for p in dry.iterdir())
+    shown = [p for p in dry.iterdir() if not p.name.startswith(".")]  # hidden: the dry run's own record, never pushed
+    assert sorted(p.name for p in shown) == uploaded and all(p.is_file() for p in shown)
     listed = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("  ")]
     assert listed == uploaded  # the file list is shown before anything is written
     for left in ("checkpoints/ (training state)", "merged/ (the merged model", "logs/", "optimizer.pt"):
