@@ -14,10 +14,15 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
 from . import gguf_rope
+from .files import reading
+from .outputs import apply_umask
+
+GGUF_REMEDY = "a damaged or incomplete GGUF file (download it again), or one transformers' GGUF reader cannot read"
 
 GGUF_SUFFIX = ".gguf"
 CARD = """---
@@ -87,8 +92,9 @@ def load_dequantized(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        with reading(path, GGUF_REMEDY, also=(struct.error, ValueError, KeyError, IndexError)):
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except ImportError as err:  # the gguf package is missing
         raise OSError(f"reading {str(path)!r} needs the gguf package: pip install gguf ({err})") from None
     return model, tokenizer
@@ -113,13 +119,11 @@ def convert_gguf(src, dst, dtype: str = "bfloat16", license: str = "other", base
     clean.load_state_dict(model.state_dict())
     dst.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp makes it 0700: the folder gets the user's usual permissions
     try:
         clean.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "README.md").write_text(card(src, config, dtype, license, base, note), encoding="utf-8")
+        apply_umask(staging)  # mkdtemp makes it 0700 and safetensors its files 0600: the user's usual permissions
         staging.rename(dst)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -11,27 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-REQUIRED = object()  # marker: a parameter without a default
+from .builtin_types import BUILTIN_CHECKS, BUILTIN_PARAMS, BUILTIN_SUMMARIES, BUILTIN_TYPES
+from .did_you_mean import did_you_mean, typo_of
+from .param_spec import REQUIRED, Param
 
-
-@dataclass(frozen=True)
-class Param:
-    """One key of ``rope_parameters``: its default, its type and the range it must lie in."""
-
-    default: Any = REQUIRED
-    kind: Literal["number", "int", "bool"] = "number"
-    minimum: float | None = None  # inclusive lower bound
-    exclusive_minimum: float | None = None  # strict lower bound
-    help: str = ""
-
-    def describe_allowed(self) -> str:
-        what = {"number": "a number", "int": "an integer", "bool": "true or false"}[self.kind]
-        if self.minimum is not None:
-            what += f" >= {self.minimum:g}"
-        if self.exclusive_minimum is not None:
-            what += f" > {self.exclusive_minimum:g}"
-        return what
-
+__all__ = ["BUILTIN_SUMMARIES", "BUILTIN_TYPES", "REQUIRED", "Param", "RopeMethod", "register", "validate"]
 
 # Keys every method accepts besides its own (transformers fills some of them in itself).
 COMMON_KEYS = {
@@ -39,6 +23,13 @@ COMMON_KEYS = {
     "type": Param(default=None, help="legacy spelling of rope_type"),
     "rope_theta": Param(default=10000.0, exclusive_minimum=0, help="RoPE base b"),
     "partial_rotary_factor": Param(default=1.0, exclusive_minimum=0, help="fraction of head_dim rotated"),
+}
+
+# Keys every type of the package accepts besides its own.
+PACKAGE_KEYS = {
+    "original_max_position_embeddings": Param(
+        default=None, kind="int", minimum=1, help="L0, the pretraining length (default max_position_embeddings)"
+    )
 }
 
 # Signature shared with transformers' ROPE_INIT_FUNCTIONS.
@@ -97,8 +88,8 @@ def on_register(callback: Callable[[RopeMethod], None]) -> None:
 def get_method(name: str) -> RopeMethod:
     if name not in _METHODS:
         raise KeyError(
-            f"rope_type={name!r} is not a type of hf_rope_ext; known: {sorted(_METHODS)} "
-            f"(transformers' own: {sorted(BUILTIN_TYPES)})"
+            f"rope_type={name!r} is not a type of hf_rope_ext{did_you_mean(name, [*_METHODS, *BUILTIN_TYPES])}; "
+            f"known: {sorted(_METHODS)} (transformers' own: {sorted(BUILTIN_TYPES)})"
         )
     return _METHODS[name]
 
@@ -140,36 +131,49 @@ class RopeParameterError(KeyError, ValueError):
 
 
 def validate(rope_parameters: dict, config: Any = None) -> None:
-    """Check one flat ``rope_parameters`` dict of this package's types; raise naming key, value and what is allowed.
+    """Check one flat ``rope_parameters`` dict of any type, the package's or transformers' own (the one place that
+    does: ``rope_parameters_for``, the command and, for the package's types, ``from_pretrained`` call it); raise
+    naming the key, the value and what is allowed.
 
     As transformers orders it: missing required keys first (KeyError), then keys the type does not take and values
-    (:class:`RopeParameterError`), then a missing rope_theta (KeyError), then the method's cross-parameter checks.
+    (:class:`RopeParameterError`), then a missing rope_theta (KeyError), then the type's cross-parameter checks.
     """
     rope_type = rope_parameters.get("rope_type", rope_parameters.get("type"))
-    method = get_method(rope_type)
+    params, check = type_spec(rope_type)
     ignore = set(getattr(config, "ignore_keys_at_rope_validation", None) or ())
     given = {k: v for k, v in rope_parameters.items() if k not in ignore}
-    _check_required(rope_type, method, given)
-    allowed = {**COMMON_KEYS, **method.params}
+    _check_required(rope_type, params, given)
+    allowed = {**COMMON_KEYS, **params}
     for key, value in given.items():
         if key not in allowed:
+            names = sorted(k for k in allowed if k != "type")
             raise RopeParameterError(
-                f"rope_parameters[{key!r}]={value!r} is not a parameter of rope_type={rope_type!r}; "
-                f"allowed keys: {sorted(k for k in allowed if k != 'type')}"
+                f"rope_parameters[{key!r}]={value!r} is not a parameter of rope_type={rope_type!r}"
+                f"{did_you_mean(key, names)}; allowed keys: {names}"
             )
         if key not in ("rope_type", "type"):
             _check_value(rope_type, key, value, allowed[key])
     _check_theta(rope_type, given)
-    if method.check is not None:
-        method.check(rope_parameters, config)
+    if check is not None:
+        check(rope_parameters, config)
 
 
-def _check_required(rope_type: str, method: RopeMethod, given: dict) -> None:
-    for key, spec in method.params.items():
+def type_spec(rope_type: str) -> tuple[dict[str, Param], CheckFn | None]:
+    """(parameters, cross-parameter check) of a rope type, transformers' own or the package's (KeyError if unknown).
+    Every type of the package takes ``original_max_position_embeddings``: a saved extended model records L0 there."""
+    if rope_type in BUILTIN_PARAMS:
+        return BUILTIN_PARAMS[rope_type], BUILTIN_CHECKS.get(rope_type)
+    method = get_method(rope_type)
+    return {**method.params, **{k: v for k, v in PACKAGE_KEYS.items() if k not in method.params}}, method.check
+
+
+def _check_required(rope_type: str, params: dict[str, Param], given: dict) -> None:
+    unknown = [k for k in given if k not in params and k not in COMMON_KEYS]
+    for key, spec in params.items():
         if spec.default is REQUIRED and given.get(key) is None:
             raise KeyError(
                 f"rope_parameters[{key!r}] is required for rope_type={rope_type!r} "
-                f"({spec.describe_allowed()}: {spec.help})"
+                f"({spec.describe_allowed()}: {spec.help}){typo_of(key, unknown)}"
             )
 
 
@@ -183,74 +187,32 @@ def _check_theta(rope_type: str, given: dict) -> None:
 
 
 def _check_value(rope_type: str, key: str, value: Any, spec: Param) -> None:
-    def fail() -> None:
+    if value is None and spec.default is not REQUIRED:
+        return
+    if spec.kind == "numbers":
+        ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(_fits(v, spec) for v in value)
+    else:
+        ok = _fits(value, spec)
+    if not ok:
         raise RopeParameterError(
             f"rope_parameters[{key!r}]={value!r} is invalid for rope_type={rope_type!r}: "
             f"expected {spec.describe_allowed()}"
         )
 
-    if value is None and spec.default is not REQUIRED:
-        return
+
+def _fits(value: Any, spec: Param) -> bool:
+    """Whether one value has the spec's type and lies in its range (a list's items, for ``numbers``)."""
     if spec.kind == "bool":
-        if not isinstance(value, bool):
-            fail()
-        return
+        return isinstance(value, bool)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        fail()
+        return False
     if spec.kind == "int" and not float(value).is_integer():
-        fail()
-    if spec.minimum is not None and value < spec.minimum:
-        fail()
-    if spec.exclusive_minimum is not None and value <= spec.exclusive_minimum:
-        fail()
+        return False
+    too_low = spec.minimum is not None and value < spec.minimum
+    return not too_low and not (spec.exclusive_minimum is not None and value <= spec.exclusive_minimum)
 
 
 def param_value(rope_parameters: dict, method: RopeMethod, key: str) -> Any:
     """The value of ``key`` in ``rope_parameters``, or the method's default when it is absent or None."""
     value = rope_parameters.get(key)
     return method.params[key].default if value is None else value
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# transformers' own types, for the ``list`` table and for error messages (their code stays transformers')
-
-BUILTIN_TYPES: dict[str, dict[str, Any]] = {
-    "default": {},
-    "linear": {"factor": REQUIRED},
-    "dynamic": {"factor": REQUIRED},
-    "yarn": {
-        "factor": REQUIRED,
-        "original_max_position_embeddings": "max_position_embeddings",
-        "attention_factor": "0.1 ln(factor) + 1",
-        "beta_fast": 32,
-        "beta_slow": 1,
-        "mscale": None,
-        "mscale_all_dim": None,
-        "truncate": True,
-    },
-    "longrope": {
-        "short_factor": REQUIRED,
-        "long_factor": REQUIRED,
-        "original_max_position_embeddings": REQUIRED,
-        "factor": None,
-        "attention_factor": None,
-    },
-    "llama3": {
-        "factor": REQUIRED,
-        "original_max_position_embeddings": REQUIRED,
-        "low_freq_factor": REQUIRED,
-        "high_freq_factor": REQUIRED,
-    },
-}
-
-BUILTIN_TYPES["proportional"] = {"partial_rotary_factor": 1.0}  # transformers 5.23 (Gemma 4)
-
-BUILTIN_SUMMARIES = {
-    "proportional": "default frequencies over the whole head_dim, the last 1 - partial_rotary_factor of them zero",
-    "default": "plain RoPE, theta_i = b^(-2i/d)",
-    "linear": "position interpolation: theta_i / s",
-    "dynamic": "dynamic NTK: base grows with seq_len beyond max_position_embeddings",
-    "yarn": "NTK-by-parts frequencies and attention factor 0.1 ln(s) + 1",
-    "longrope": "per-pair rescale factors, short and long sets switched at L0",
-    "llama3": "Llama 3.1 three-band schedule",
-}

@@ -9,7 +9,7 @@ import shlex
 import time
 from pathlib import Path
 
-from .args import comma_list, factor, model_argument, non_negative_int, positive_int
+from .args import comma_list, factor, model_argument, non_negative_int, positive_int, progress_argument
 from .eval_cmd import add_rope_arguments
 
 
@@ -81,7 +81,7 @@ def add_parser(subparsers, name):
         "--factors 2,4 --documents 1 --last-chunk 0 --passkey-depths 0 --passkey-prompts 1 --far-stride L0/8 "
         "--data python-docs --dtype bfloat16 (any of them given is kept)."
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (also when stderr is no terminal)")
+    progress_argument(parser)
     return parser
 
 
@@ -90,8 +90,9 @@ def factor_list(args) -> list[float]:
 
 
 def run(args) -> int:
-    from .. import bundled, extend
-    from ..eval import loading, parse_rope_params, report
+    from .. import bundled, extend, outputs
+    from ..eval import loading, parse_rope_params
+    from ..eval.metadata import run_metadata
     from ..eval.runner import EvalPlan
 
     started = time.time()
@@ -99,7 +100,7 @@ def run(args) -> int:
         raise ValueError("--out saves a patched model: pass --rope-type (and --factor where the type takes one)")
     target = args.out or args.report_dir or Path("runs") / time.strftime("extend-%Y%m%d-%H%M%S")
     flag = "--out" if args.out is not None else "--report-dir"
-    extend.check_out_dir(target, args.overwrite, flag, writes_card=args.out is not None)
+    stage = outputs.Staged(target, args.overwrite, flag, writes_card=args.out is not None)  # refused before any work
     path = loading.check_model_path(args.model or bundled.default_model_path())
     fill_defaults(args, loading.pretraining_length(loading.load_config(path)))
     extra = parse_rope_params(args.rope_param)
@@ -121,20 +122,21 @@ def run(args) -> int:
     records = extend.run_comparison(
         path, methods, factor_list(args), plan, args.data, not args.no_progress, extra, dtype=args.dtype
     )
-    out = extend.prepare_out_dir(target, args.overwrite, flag, writes_card=args.out is not None)
-    text = tables(records, args)
-    print(text)
-    (out / "report.md").write_text(text, encoding="utf-8")
     pretrain = loading.pretraining_length(loading_config(path))
-    plot = report.plot_perplexity(records, out / "perplexity.png", pretrain, title=f"{path.name}: perplexity vs length")
-    print(f"report: {report.write_json(records, out / 'report.json')}\nplot: {plot}")
-    if args.passkey_depths:
-        print(f"passkey heatmaps: {report.plot_passkey_grid(records, out / 'passkey.png', passkey_title(path))}")
-    print(f"report.md: {out / 'report.md'}")
-    if args.out is not None:
-        chosen = [r for r in records if r["rope_type"] in (args.rope_type, "none") and "perplexity" in r]
-        card = extend.save_extended(path, args.rope_type, args.factor, out, chosen, plot.name, extra)
-        print(f"model: {out}\ncard: {card}")
+    meta = run_metadata(path, command_line(args), data=args.data)
+    text = tables(records, args, meta)
+    with stage as out:  # written into a temporary sibling, renamed at the end
+        written = write_report(records, args, path, text, out, pretrain, meta)
+        if args.out is not None:
+            chosen = [r for r in records if r["rope_type"] in (args.rope_type, "none") and "perplexity" in r]
+            length = int(max(factor_list(args)) * pretrain)
+            extend.save_extended(
+                path, args.rope_type, args.factor, out, chosen, "perplexity.png", extra, target, length
+            )
+            written += [("model", ""), ("card", "README.md")]
+    print(text)
+    for what, name in written:
+        print(f"{what}: {target / name}")
     print(f"done in {time.time() - started:.0f} s, peak resident memory {peak_memory_gib():.2f} GiB")
     return 0
 
@@ -178,12 +180,33 @@ def peak_memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def tables(records, args) -> str:
-    """The Markdown report: what was run (model, documents, date, command), then the tables, length across."""
+def write_report(records, args, path, text: str, out: Path, pretrain: int, meta: dict) -> list[tuple[str, str]]:
+    """report.md, report.json (records and the run's metadata) and the plots into ``out``; returns (what, file
+    name) pairs."""
+    from ..eval import report
+
+    (out / "report.md").write_text(text, encoding="utf-8")
+    report.write_json(records, out / "report.json", meta)
+    report.plot_perplexity(records, out / "perplexity.png", pretrain, title=f"{path.name}: perplexity vs length")
+    written = [("report", "report.json"), ("plot", "perplexity.png")]
+    if any("far_context_ratio" in r for r in records):
+        report.plot_far_context(records, out / "far_context.png", f"{path.name}: {FAR_TITLE}")
+        written.append(("far-context plot", "far_context.png"))
+    if args.passkey_depths:
+        report.plot_passkey_grid(records, out / "passkey.png", passkey_title(path))
+        written.append(("passkey heatmaps", "passkey.png"))
+    return written + [("report.md", "report.md")]
+
+
+FAR_TITLE = "far-context ratio vs length (below 1: the context beyond L0 helps)"
+
+
+def tables(records, args, meta: dict) -> str:
+    """The Markdown report: what was run (model, documents, date, command, versions), then the tables."""
     from ..eval import report
 
     parts = [
-        header(records, args),
+        header(records, args, meta),
         "Perplexity (at s x L0 the method runs with factor s; at L0 with the smallest factor):",
         "",
     ]
@@ -211,23 +234,25 @@ def tables(records, args) -> str:
     return "\n".join(parts)
 
 
-def header(records, args) -> str:
-    """Model, documents, date and the command line, as the report's first lines."""
+def header(records, args, meta: dict) -> str:
+    """Model, documents, date, the command line and the versions (``meta``: the run's metadata), as the report's
+    first lines."""
     from .. import bundled
 
     model = args.model or f"{bundled.default_model_path()} (bundled)"
     data = "the bundled eval split (stdlib files)" if args.data is None else ", ".join(args.data)
     counts = sorted({r["documents"] for r in records if "documents" in r})
+    versions = ", ".join(f"{name} {v}" for name, v in meta["versions"].items() if v)
     return "\n".join(
         [
             "# hf-rope-ext extend",
             "",
-            f"- model: `{model}`",
+            f"- model: `{model}` (config and weights sha256 `{meta['model_sha256']}`)",
             f"- documents: {'/'.join(map(str, counts)) or '-'} per length, the first long enough for the longest "
             f"length in file order, from {data}",
-            f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, dtype {args.dtype}, "
-            f"peak resident memory {peak_memory_gib():.2f} GiB",
-            f"- command (equivalent): `{command_line(args)}`",
+            f"- date: {meta['date']}, dtype {args.dtype}, peak resident memory {peak_memory_gib():.2f} GiB",
+            f"- command (equivalent): `{meta['command']}`",
+            f"- versions: {versions}",
             "",
         ]
     )

@@ -16,8 +16,8 @@ Attention-level types get the package's rotating cache (``rope_cache``), the oth
 from __future__ import annotations
 
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import bar
 from .passkey import FILLER, TASK, by_depth, filler_tokens, passkeys
 
 OBJECTS = ("red door", "blue box", "green gate", "yellow chest", "white safe", "black drawer", "grey locker")
@@ -91,7 +91,7 @@ def multikey_accuracy(
     ``multikey_misses`` ([[depth, key, generated text], ...])."""
     all_keys = passkeys(prompts * keys, seed)
     probes = []
-    for p in tqdm(range(prompts), desc=f"pass keys @{length}", disable=not progress):
+    for p in bar(range(prompts), desc=f"pass keys @{length}", enabled=progress):
         chosen = all_keys[p * keys : (p + 1) * keys]
         probes += probe_prompt(model, tokenizer, length, chosen, depths(keys, p, prompts))
     hits = [text.strip().startswith(str(key)) for _, key, text in probes]

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import bar
 from .data import long_enough
 from .losses import next_token_losses
 
@@ -38,7 +38,6 @@ def truncated_perplexity(model, documents, length: int, limit: int | None = None
     """{'perplexity', 'loss', 'documents', 'tokens'} over the first ``length`` tokens of each long-enough document."""
     losses_fn = losses_fn or token_losses
     docs = long_enough(documents, length, limit)
-    bar = tqdm(docs, desc=f"perplexity @{length}", disable=not progress, leave=False)
-    losses = [losses_fn(model, doc[:length]) for doc in bar]
+    losses = [losses_fn(model, doc[:length]) for doc in bar(docs, desc=f"perplexity @{length}", enabled=progress)]
     mean = torch.cat(losses).mean().item()
     return {"perplexity": math.exp(mean), "loss": mean, "documents": len(docs), "tokens": len(docs) * (length - 1)}

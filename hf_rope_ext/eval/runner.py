@@ -69,17 +69,19 @@ def evaluate_model(
     return records
 
 
-def evaluate(path, rope_type=None, factor=None, extra=None, plan: EvalPlan | None = None, data=None, progress=True):
-    """Load ``path`` with the rope type applied (none: as saved) and evaluate it; returns the records."""
-    from transformers import AutoConfig
-
+def evaluate(
+    path, rope_type=None, factor=None, extra=None, plan: EvalPlan | None = None, data=None, progress=True, adapter=None
+):
+    """Load ``path`` with the rope type applied (none: as saved), and the peft ``adapter`` folder on top when given
+    (``eval.adapters``), and evaluate it; returns the records."""
+    from .adapters import config_folder
     from .data import load_token_documents
-    from .loading import check_model_path, load_model, load_tokenizer, rope_parameters_for
+    from .loading import load_config, load_model, load_tokenizer, rope_parameters_for
 
-    config = AutoConfig.from_pretrained(check_model_path(path))
+    config = load_config(config_folder(path, adapter))
     rope_parameters = rope_parameters_for(config, rope_type, factor, extra)
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(config_folder(path, adapter))
     documents = load_token_documents(tokenizer, data)
-    model = load_model(path, rope_parameters)
+    model = load_model(path, rope_parameters, adapter=adapter)
     records = evaluate_model(model, tokenizer, documents, plan, rope_type, factor, progress)
     return [{**r, "rope_parameters": rope_parameters} for r in records]
