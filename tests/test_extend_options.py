@@ -26,7 +26,7 @@ def test_methods_dtype_and_pass_keys_by_prompt_reach_the_report(tiny_dir, tmp_pa
     out = tmp_path / "report"
     more = ["--methods", "none,rerope", "--dtype", "bfloat16", "--passkey-prompts", "1", "--passkey-keys", "2"]
     assert main(argv(tiny_dir, out, *more, "--rope-param", "window=16", "--no-progress")) == 0
-    records = json.loads((out / "report.json").read_text())
+    records = json.loads((out / "report.json").read_text())["records"]
     assert {r["rope_type"] for r in records} == {"none", "rerope"}
     keyed = [r for r in records if "multikey_accuracy" in r]
     assert {(r["rope_type"], r["length"]) for r in keyed} == {(m, n) for m in ("none", "rerope") for n in (L0, 2 * L0)}
