@@ -29,13 +29,14 @@ from hf_rope_ext.eval import loading
 from hf_rope_ext.eval.data import load_token_documents, long_enough
 from hf_rope_ext.eval.runner import EvalPlan
 
-# (method, factor, prompts of 3 keys): the headline cells first, so that a stopped run has them
+# (method, factor, prompts of 3 keys): the PoSE pair and the headline cells first, so that a stopped run has them
 CELLS = [
-    *[(m, 2, 7) for m in ("none", "yarn", "self_extend", "rerope")],
-    *[(m, 4, 4) for m in ("yarn", "self_extend", "rerope", "none", "leaky_rerope", "dynamic_yarn", "ntk_by_parts")],
+    ("lora", 4, 4),
+    ("yarn", 4, 4),
+    *[(m, 2, 7) for m in ("none", "self_extend", "rerope", "yarn")],
+    *[(m, 4, 2) for m in ("self_extend", "rerope", "none", "leaky_rerope", "dynamic_yarn", "ntk_by_parts")],
     *[(m, 2, 2) for m in ("leaky_rerope", "dynamic_yarn", "ntk_by_parts", "ntk", "part_ntk", "dynamic", "linear")],
     *[(m, 4, 1) for m in ("ntk", "part_ntk", "dynamic", "linear")],
-    ("lora", 4, 4),
 ]
 ADAPTER = Path(__file__).resolve().parent.parent / "examples" / "smollm2-yarn4-pose-lora"
 FAR_STRIDE = 1024
