@@ -27,8 +27,8 @@ from transformers.modeling_utils import AttentionInterface
 
 from . import registry
 from .attention.cache_layers import adopt
-from .attention.dispatch import attend, attention_type_of, check_module
-from .attention.scoring import config_routes, routes_through_attention
+from .attention.function import attend_layer, check_module
+from .attention.layer import attention_type_of, config_routes, resolve, routes_through_attention
 from .configure import restore_legacy_theta
 from .frequencies.common import rope_setup
 
@@ -316,10 +316,11 @@ def _family_eager(module):
 
 def _rope_attention(implementation: str, stock):
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
-        if attention_type_of(module) is None:
+        layer = resolve(module)
+        if layer is None:
             function = stock if stock is not None else _family_eager(module)
             return function(module, query, key, value, attention_mask, *args, **kwargs)
-        return attend(implementation, module, query, key, value, attention_mask, *args, **kwargs)
+        return attend_layer(layer, implementation, module, query, key, value, attention_mask, *args, **kwargs)
 
     attention.hf_rope_ext_stock = stock
     attention.__name__ = f"hf_rope_ext_{implementation.replace('|', '_')}_attention"

@@ -58,6 +58,7 @@ class RopeMethod:
     families: tuple[str, ...] | None = None  # model_type values supported; None means every rope-registry family
     training_free: bool = True  # meaningful on a model pretrained with plain RoPE (False: xPos, RoPER need training)
     example: dict = field(default_factory=dict)  # valid parameters besides rope_type, for docs and generic tests
+    attention: Any = None  # attention-level types: their declaration (attention.methods.form.AttentionForm)
 
 
 def example_parameters(method: RopeMethod, factor: float = 2.0) -> dict:
@@ -114,9 +115,9 @@ def methods() -> list[RopeMethod]:
     return [_METHODS[n] for n in sorted(_METHODS)]
 
 
-def registered() -> list[RopeMethod]:
-    """The methods registered so far, without importing the method packages (for use during their import)."""
-    return list(_METHODS.values())
+def find(name) -> RopeMethod | None:
+    """The method registered as ``name`` so far, or None (without importing the method packages)."""
+    return _METHODS.get(name)
 
 
 def _load_methods() -> None:
@@ -209,6 +210,11 @@ def param_value(rope_parameters: dict, method: RopeMethod, key: str) -> Any:
     """The value of ``key`` in ``rope_parameters``, or the method's default when it is absent or None."""
     value = rope_parameters.get(key)
     return method.params[key].default if value is None else value
+
+
+def filled(rope_parameters: dict, method: RopeMethod) -> dict:
+    """``rope_parameters`` with ``method``'s defaults for keys absent or None."""
+    return {**rope_parameters, **{k: param_value(rope_parameters, method, k) for k in method.params}}
 
 
 # ---------------------------------------------------------------------------------------------------------------

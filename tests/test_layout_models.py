@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, RoFormerConfig, RoFormerModel
 
 from hf_rope_ext import convert_layout, registry
-from hf_rope_ext.attention.scoring import routes_through_attention
+from hf_rope_ext.attention.layer import routes_through_attention
 from hf_rope_ext.registry import REQUIRED
 
 IDS = torch.tensor([[5, 17, 3, 88, 42, 9, 61, 23, 7, 30, 11, 2]])

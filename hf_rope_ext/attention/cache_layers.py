@@ -12,16 +12,13 @@ makes to its keys:
   ``batch_repeat_interleave``, ``batch_select_indices``, ``offload``, a new initialization: all.
 
 So what a layer holds is valid by construction. The attention function finds the layer of its call through the key
-tensor it receives: ``update`` records the keys it returned (a weak reference, per thread), and the call's keys are
-that very tensor exactly when they come straight from this layer's update, as every family routed to the package's
-attention function passes them. Anything else (a plain cache, keys from elsewhere) finds no layer, and
-``rotated_cache.beside`` compares before reusing.
+tensor it receives: ``update`` records the keys it returned (``rotated_cache.record_update``: a weak reference, per
+thread), and the call's keys are that very tensor exactly when they come straight from this layer's update, as
+every family routed to the package's attention function passes them. Anything else (a plain cache, keys from
+elsewhere) finds no layer, and ``rotated_cache.beside`` compares before reusing.
 """
 
 from __future__ import annotations
-
-import threading
-import weakref
 
 import torch
 from transformers.cache_utils import (
@@ -34,10 +31,8 @@ from transformers.cache_utils import (
     StaticSlidingWindowLayer,
 )
 
-from .rotated_cache import Memory
-from .scoring import config_routes
-
-_LAST = threading.local()  # .update = (weakref to the layer, weakref to the keys its last update returned)
+from .engine import rotated_cache
+from .layer import config_routes
 
 
 class RotatedRows:
@@ -69,7 +64,7 @@ class RotatedRows:
         keys, values = super().update(key_states, value_states, *args, **kwargs)
         self.keep_rows(kept)
         self.__dict__["_rope_returned"] = keys.shape[-2]
-        _LAST.update = (weakref.ref(self), weakref.ref(keys))
+        rotated_cache.record_update(self, keys)
         return keys, values
 
     def crop_rows(self, *args, **kwargs) -> None:
@@ -130,21 +125,6 @@ ROTATING = {
     DynamicSlidingWindowLayer: _rotating(DynamicSlidingWindowLayer, SlidingRows),
     StaticSlidingWindowLayer: _rotating(StaticSlidingWindowLayer, SlidingRows),
 }
-
-
-def layer_returning(keys: torch.Tensor) -> RotatedRows | None:
-    """The layer of this module whose last update (in this thread) returned ``keys`` itself, else None."""
-    last = getattr(_LAST, "update", None)
-    if last is None:
-        return None
-    layer, returned = last[0](), last[1]()
-    return layer if layer is not None and returned is keys else None
-
-
-def memory_of(keys: torch.Tensor) -> Memory | None:
-    """The trusted memory of the layer that returned ``keys``, or None (no such layer)."""
-    layer = layer_returning(keys)
-    return None if layer is None else Memory(layer.rope_entries, trusted=True)
 
 
 def adopt(cache) -> bool:

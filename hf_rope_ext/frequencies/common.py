@@ -82,3 +82,12 @@ def as_float(seq_len) -> float | None:
     if seq_len is None:
         return None
     return float(seq_len.item() if hasattr(seq_len, "item") else seq_len)
+
+
+def plain_frequencies(config, device=None, seq_len=None, layer_type=None):
+    """Plain RoPE theta_i = b^(-2i/d) (float64, cast to float32) and attention factor 1, in ROPE_INIT_FUNCTIONS'
+    signature: the frequencies the attention-level types rotate by."""
+    import torch
+
+    setup = rope_setup(config, layer_type)
+    return inv_freq_for_base(setup.base, setup.dim, device, dtype=torch.float64).float(), 1.0

@@ -6,7 +6,7 @@ calls this function again with the current length whenever the sequence grows pa
 
 import math
 
-from ..attention.params import DYNAMIC_FAMILIES, check_dynamic_family
+from ..attention.methods.params import DYNAMIC_FAMILIES, check_dynamic_family
 from ..registry import REQUIRED, Param, RopeMethod, register
 from .common import as_float, rope_setup
 from .ntk_by_parts import by_parts_inv_freq, check_betas

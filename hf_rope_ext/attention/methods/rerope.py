@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..registry import RopeMethod
+from ...frequencies.common import plain_frequencies
+from ...registry import RopeMethod, register
+from .form import two_bands
 from .params import FAMILIES, WINDOWED, check_window
-from .table import plain_rope, register_attention, windowed
 
 if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
     from torch import Tensor
@@ -23,16 +24,16 @@ def far_key(n: Tensor, params: dict) -> Tensor:
     return n.new_zeros(n.shape)
 
 
-METHOD = register_attention(
+METHOD = register(
     RopeMethod(
         name="rerope",
         kind="attention",
-        frequencies=plain_rope,
+        frequencies=plain_frequencies,
         params=dict(WINDOWED),
         summary="ReRoPE: relative distance min(m-n, window)",
         check=check_window,
         families=FAMILIES,
         example={"window": 16},
-    ),
-    windowed(far_query, far_key),
+        attention=two_bands(far_query, far_key),
+    )
 )

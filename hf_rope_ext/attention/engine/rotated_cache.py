@@ -20,6 +20,7 @@ positions. Nothing here reads tensor version counters, so it runs the same under
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,20 @@ class Memory:
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {purpose: Entry}: beside other caches
 _SCRATCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {purpose: float32 buffer}
+_LAST = threading.local()  # .update = (weakref to the cache layer, weakref to the keys its last update returned)
+
+
+def record_update(layer, keys: torch.Tensor) -> None:
+    """A cache layer that keeps rotated rows (``layer.rope_entries``) returned ``keys`` from its update (per thread;
+    weakly held): a call given these very keys reads and writes that layer's entries, trusted."""
+    _LAST.update = (weakref.ref(layer), weakref.ref(keys))
+
+
+def kept_by_cache(keys: torch.Tensor) -> Memory | None:
+    """The trusted memory of the cache layer whose last update (in this thread) returned ``keys``, else None."""
+    last = getattr(_LAST, "update", None)
+    layer, returned = (None, None) if last is None else (last[0](), last[1]())
+    return Memory(layer.rope_entries, trusted=True) if layer is not None and returned is keys else None
 
 
 def beside(module) -> Memory:

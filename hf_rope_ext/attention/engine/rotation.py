@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from ..frequencies.common import inv_freq_for_base, rope_setup
+from ...frequencies.common import inv_freq_for_base, rope_setup
 
 LAYOUT = "half"  # pairs (i, i + r/2)
 
@@ -99,15 +99,3 @@ def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, lo
     else:  # written in place into one buffer: no temporaries of x's size
         turned = turn_pairs(x1, x2, cos, sin, x1.new_empty((*x.shape[:-1], 2 * h))).to(x.dtype)
     return torch.cat((turned, x[..., 2 * h :]), dim=-1) if x.shape[-1] > 2 * h else turned
-
-
-def scale_pairs(x: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
-    """Multiply each rotary pair of x [B, H, L, head_dim] by exp(log_scale) [B, 1, L, d/2]; other dims unchanged."""
-    return by_rows(_scale_pairs, x, (log_scale, 2))
-
-
-def _scale_pairs(x: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
-    s = torch.exp(torch.cat((log_scale, log_scale), dim=-1)).float()
-    d = s.shape[-1]
-    scaled = (x[..., :d].float() * s).to(x.dtype)
-    return torch.cat((scaled, x[..., d:]), dim=-1) if x.shape[-1] > d else scaled

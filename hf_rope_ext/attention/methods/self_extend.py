@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..registry import RopeMethod
+from ...frequencies.common import plain_frequencies
+from ...registry import RopeMethod, register
+from .form import two_bands
 from .params import FAMILIES, GROUP_SIZE, WINDOWED, check_window
-from .table import plain_rope, register_attention, windowed
 
 if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
     from torch import Tensor
@@ -25,16 +26,16 @@ def far_key(n: Tensor, params: dict) -> Tensor:
     return n.div(int(params["group_size"]), rounding_mode="floor")
 
 
-METHOD = register_attention(
+METHOD = register(
     RopeMethod(
         name="self_extend",
         kind="attention",
-        frequencies=plain_rope,
+        frequencies=plain_frequencies,
         params={"group_size": GROUP_SIZE, **WINDOWED},
         summary="Self-Extend: exact inside the window, floor(pos/group_size) beyond",
         check=check_window,
         families=FAMILIES,
         example={"window": 16, "group_size": 4},
-    ),
-    windowed(far_query, far_key),
+        attention=two_bands(far_query, far_key),
+    )
 )

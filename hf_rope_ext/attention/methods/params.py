@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..frequencies.params import ORIGINAL_MAX
-from ..registry import REQUIRED, Param
+from ...frequencies.params import ORIGINAL_MAX
+from ...registry import REQUIRED, Param
 
 # model_type values whose attention modules the attention function serves (tests/test_attention_families.py).
 # Each was read in transformers' modeling file: its attention module rotates q/k with the rotary module's cos/sin

@@ -1,4 +1,4 @@
-"""Positions of queries and of every key in the cache, and the masks of one query chunk.
+"""One layer call as the engine sees it (:class:`Call`): tensors, positions of queries and keys, the masks of a chunk.
 
 The KV cache holds keys *before* rotation, so each call needs the position of every cached key:
 - no cache (kv_len == q_len): key positions are the ``position_ids`` themselves (packed sequences with
@@ -10,7 +10,38 @@ The KV cache holds keys *before* rotation, so each call needs the position of ev
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
+
+from ..methods.form import AttentionForm
+from .rotated_cache import Memory
+
+
+@dataclass
+class Call:
+    """One layer call; the reference engine expands kv heads to the query heads (GQA), the fast one does not."""
+
+    query: torch.Tensor  # [B, H, q, d], unrotated
+    key: torch.Tensor  # [B, Hkv, kv, d], unrotated
+    value: torch.Tensor  # [B, Hkv, kv, dv]
+    q_pos: torch.Tensor  # [B, q] int64
+    k_pos: torch.Tensor  # [B, kv] int64
+    inv_freq: torch.Tensor  # [r/2] float64, plain RoPE theta_i of the rotary dims r
+    params: dict  # this layer's rope_parameters (defaults filled in)
+    form: AttentionForm  # the method's declaration
+    tag: tuple  # the rotation's identity (type, frequencies, parameters): remembered rows are reused under it only
+    score_scale: float = 1.0  # multiplies the softmax scale (a dynamic type's attention factor, squared)
+    memory: Memory | None = None  # where rotated rows are remembered between calls (decode)
+    state: dict = field(default_factory=dict)  # what one engine computed once for all chunks
+    constants: dict = field(default_factory=dict)  # values of the layer alone, kept with it across calls
+
+    def constant(self, name: str, compute):
+        """``compute()`` on the layer's first call on this device; the kept value afterwards."""
+        key = (name, self.query.device)
+        if key not in self.constants:
+            self.constants[key] = compute()
+        return self.constants[key]
 
 
 def query_positions(position_ids: torch.Tensor | None, batch: int, q_len: int) -> torch.Tensor:
@@ -60,3 +91,20 @@ def chunk_mask(mask: torch.Tensor | None, causal: bool, rows: slice, q_len: int,
     if mask is not None:
         return mask[..., rows, :] if mask.shape[-2] > 1 else mask
     return causal_rows(rows, q_len, kv_len, device) if causal else None
+
+
+def crop_empty_slots(query, key, value, mask):
+    """(key, value, mask) without the key slots no query may see at the end (a static cache's unfilled slots),
+    and without a mask when a single query sees every key left (a static cache's decode step, as a dynamic
+    cache's). No mask, several queries, more keys: an empty static cache, which sdpa crops to the first q_len slots.
+    """
+    q_len, kv = query.shape[2], key.shape[2]
+    if mask is None:
+        short = q_len > 1 and kv > q_len
+        return (key[:, :, :q_len], value[:, :, :q_len], None) if short else (key, value, None)
+    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    seen = allowed.reshape(-1, allowed.shape[-1]).any(0)  # [kv]: some query may see the key
+    end = kv - int(seen.flip(0).to(torch.uint8).argmax())  # past the last seen key (none seen: kv)
+    if end < kv:
+        key, value, mask, allowed = key[:, :, :end], value[:, :, :end], mask[..., :end], allowed[..., :end]
+    return key, value, None if q_len == 1 and bool(allowed.all()) else mask

@@ -7,9 +7,10 @@ frequencies theta_j = b^(-2j/r_v); value dims past r_v pass through."""
 
 from __future__ import annotations
 
-from ..registry import REQUIRED, Param, RopeMethod
+from ...frequencies.common import plain_frequencies
+from ...registry import REQUIRED, Param, RopeMethod, register
+from .form import AttentionForm, ValueTurn
 from .params import FAMILIES, check_family
-from .table import plain_rope, register_attention
 
 
 def check_roper(params: dict, config) -> None:
@@ -21,17 +22,23 @@ def check_roper(params: dict, config) -> None:
         )
 
 
-def roper_scorer():
-    from .roper_scorer import RoperScorer  # torch: imported when the attention function first runs the type
+def value_dims(params: dict, rotary_dim: int, value_dim: int) -> int:
+    """r_v = 2 floor(f r / 2): the value dims turned, at least one pair and at most the value head dim."""
+    factor = float(params["value_rotary_factor"])
+    dims = 2 * int(factor * (rotary_dim // 2))
+    if dims < 2 or dims > value_dim:
+        raise ValueError(
+            f"rope_parameters['value_rotary_factor']={factor!r} turns {dims} value dims of {value_dim} (rotary dim "
+            f"{rotary_dim}): allowed a factor that turns at least one pair and at most the value head dim"
+        )
+    return dims
 
-    return RoperScorer()
 
-
-METHOD = register_attention(
+METHOD = register(
     RopeMethod(
         name="roper",
         kind="attention",
-        frequencies=plain_rope,
+        frequencies=plain_frequencies,
         params={
             "value_rotary_factor": Param(
                 default=REQUIRED,
@@ -44,6 +51,6 @@ METHOD = register_attention(
         families=FAMILIES,
         training_free=False,
         example={"value_rotary_factor": 1.0},
-    ),
-    roper_scorer,
+        attention=AttentionForm(values=ValueTurn(value_dims)),
+    )
 )
