@@ -23,6 +23,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._transformers.modules import rotary_class
 from .outputs import Staged
 from .registry import BUILTIN_TYPES, get_method
 
@@ -191,7 +192,7 @@ def check_equivalent(src: Path, stock: Path) -> float:
     from transformers import AutoConfig
 
     old, new = AutoConfig.from_pretrained(src), AutoConfig.from_pretrained(stock)
-    rotary = rotary_class(old)
+    rotary = rotary_class(old.model_type)
     a, b = rotary(config=old), rotary(config=new)
     out_a, out_b = _rotary_outputs(a, old), _rotary_outputs(b, new)
     error = max(_rel_error(x, y) for x, y in zip(out_a, out_b, strict=True)) if len(out_a) == len(out_b) else math.inf
@@ -205,27 +206,6 @@ def check_equivalent(src: Path, stock: Path) -> float:
             f"difference {error:.3g} (allowed {REL_TOLERANCE:g}), attention factors {scale_a} vs {scale_b}"
         )
     return error
-
-
-def rotary_class(config):
-    """The family's rotary embedding class (the one that reads ROPE_INIT_FUNCTIONS)."""
-    import importlib
-
-    from transformers.models.auto.configuration_auto import model_type_to_module_name
-
-    name = model_type_to_module_name(config.model_type)
-    module = importlib.import_module(f"transformers.models.{name}.modeling_{name.split('.')[-1]}")
-    found = [
-        v
-        for k, v in vars(module).items()
-        if k.endswith("RotaryEmbedding") and hasattr(v, "compute_default_rope_parameters")
-    ]
-    if len(found) != 1:
-        raise ValueError(
-            f"model_type={config.model_type!r} has no single stock rotary embedding reading rope_parameters "
-            f"(found {[c.__name__ for c in found]}); a portable export cannot be checked for it"
-        )
-    return found[0]
 
 
 def _rotary_outputs(module, config) -> list:

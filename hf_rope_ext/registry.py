@@ -95,6 +95,12 @@ def on_register(callback: Callable[[RopeMethod], None]) -> None:
         _ON_REGISTER.append(callback)
 
 
+def off_register(callback: Callable[[RopeMethod], None]) -> None:
+    """Stop calling ``callback`` for methods registered from now on."""
+    if callback in _ON_REGISTER:
+        _ON_REGISTER.remove(callback)
+
+
 def get_method(name: str) -> RopeMethod:
     if name not in _METHODS:
         raise KeyError(

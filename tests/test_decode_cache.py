@@ -15,7 +15,7 @@ from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
 import hf_rope_ext
-from hf_rope_ext.attention import cache_layers
+from hf_rope_ext._transformers import cache_layers
 from hf_rope_ext.attention.engine import rotated_cache
 
 PARAMS = ATTENTION_PARAMS

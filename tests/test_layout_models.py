@@ -252,7 +252,7 @@ def test_converting_a_live_model_changes_what_it_saves_not_its_logits(family, lo
 
 
 def _layout_ops(transforms) -> list:
-    from hf_rope_ext._transformers import RopeLayoutToHalf
+    from hf_rope_ext._transformers.conversions import RopeLayoutToHalf
 
     return [op for t in transforms for op in getattr(t, "operations", ()) if isinstance(op, RopeLayoutToHalf)]
 

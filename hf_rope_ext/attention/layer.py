@@ -134,9 +134,3 @@ def build(name: str, rope: dict, layer_type: str | None) -> Layer:
     method = registry.get_method(name)
     form = method.attention if method.attention is not None else PLAIN
     return Layer(name, method, form, registry.filled(rope, method), layer_type, rope, dict(rope))
-
-
-def attention_type_of(module) -> str | None:
-    """The package's rope_type that this module rotates inside attention, or None (stock attention)."""
-    layer = resolve(module)
-    return None if layer is None else layer.name

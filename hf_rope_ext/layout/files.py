@@ -104,8 +104,6 @@ def _relabel_card(card: Path, to: str) -> None:
 def _load_config(directory: Path):
     from transformers import AutoConfig
 
-    import hf_rope_ext  # noqa: F401  (so configs naming this package's rope types load)
-
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"{directory} has neither config.json (a model) nor {ADAPTER_CONFIG} (an adapter)")
     return AutoConfig.from_pretrained(directory)

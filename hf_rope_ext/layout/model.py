@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 import torch
 
+from .._transformers.conversions import record_layout_conversions
 from ..models import family_of
 from ..rotary import check_layout
 from .keys import projection_of
@@ -62,8 +63,6 @@ def _convert_model(model: torch.nn.Module, to: str, config) -> torch.nn.Module:
     _permute_parameters(model, family, config, to, check_only=family.loads_to_half)
     config.rope_layout = to
     if family.loads_to_half:
-        from .._transformers import record_layout_conversions
-
         record_layout_conversions(base)  # what save_pretrained applies follows the new layout
     return model
 

@@ -1,4 +1,5 @@
-"""KV cache layers that keep the attention-level types' rotated rows in the cache itself.
+"""KV cache layers that keep the attention-level types' rotated rows in the cache itself (part of the generation
+cache seam: subclasses of transformers' public layer classes; nothing of transformers is changed).
 
 The attention-level types cache keys unrotated and rotate them inside the attention function; decoding reuses the
 rows rotated at earlier steps (``rotated_cache``). A layer of this module is transformers' own cache layer
@@ -31,8 +32,8 @@ from transformers.cache_utils import (
     StaticSlidingWindowLayer,
 )
 
-from .engine import rotated_cache
-from .layer import config_routes
+from ..attention.engine import rotated_cache
+from ..attention.layer import config_routes
 
 
 class RotatedRows:
