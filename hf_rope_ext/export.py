@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._transformers.modules import rotary_class
+from .models import find_family
 from .outputs import Staged
 from .registry import BUILTIN_TYPES, get_method
 
@@ -258,12 +259,15 @@ def check_paths(src: Path, dst: Path) -> None:
 
 
 def check_layout(config: dict) -> None:
-    """Stock transformers runs half-layout weights only; interleaved ones need the package's load-time conversion."""
-    layout = config.get("rope_layout", "half")
-    if layout != "half":
+    """Stock transformers runs a family's weights in its own layout only (the family's default: half for the
+    rope-registry families); others need the package's load-time conversion."""
+    family = find_family(config.get("model_type"))
+    stock = family.default_layout if family is not None else "half"
+    layout = config.get("rope_layout") or stock
+    if layout != stock:
         raise NotLowerable(
-            f"rope_layout={layout!r} in config.json: stock transformers only runs 'half' weights (convert first with "
-            "hf-rope-ext convert-layout SRC TMP --to half)"
+            f"rope_layout={layout!r} in config.json: stock transformers only runs {stock!r} weights (convert first "
+            f"with hf-rope-ext convert-layout SRC TMP --to {stock})"
         )
 
 

@@ -163,7 +163,7 @@ def save_extended(path, rope_type, factor, out, records, plot=None, extra=None) 
     from transformers import AutoConfig
 
     from . import cards
-    from .rotary import layout_of
+    from .models import layout_of
 
     path = loading.check_model_path(path)
     config = AutoConfig.from_pretrained(path)

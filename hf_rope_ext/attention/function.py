@@ -9,10 +9,10 @@ with exact positions: ``"sdpa"`` runs the fast engine where it applies, ``"eager
 from __future__ import annotations
 
 from .. import registry
+from ..models import unsupported_reason
 from .engine import fast, reference, rotated_cache
 from .engine.call import Call, crop_empty_slots, key_positions, query_positions
 from .layer import Layer, resolve
-from .methods.params import unsupported_reason
 
 IMPLEMENTATIONS = ("eager", "sdpa")  # the attention implementations that run these types
 

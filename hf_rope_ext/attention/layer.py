@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import registry
+from ..models import is_rope_free_layer
 from .engine.rotation import base_inv_freq
 from .methods.form import PLAIN, AttentionForm
-from .methods.params import FAMILIES, is_nope_layer
+from .methods.params import FAMILIES
 
 
 def layer_rope(module) -> tuple[dict, str | None] | None:
@@ -118,7 +119,7 @@ def resolve(module) -> Layer | None:
     """The resolved rope request of ``module`` when it names a package type that rotates inside attention, else
     None (the stock attention function serves it)."""
     found = layer_rope(module)
-    if found is None or found[0] is None or is_nope_layer(module):
+    if found is None or found[0] is None or is_rope_free_layer(module):
         return None
     rope, layer_type = found
     name = rope.get("rope_type", rope.get("type"))

@@ -1,6 +1,6 @@
 """``convert_layout``: the public entry point, for state dicts, transformers models and peft models.
 
-What "layout" means for a live model depends on the family (see :class:`hf_rope_ext.models.LayoutFamily`):
+What "layout" means for a live model depends on the family (see :class:`hf_rope_ext.models.Family`):
 - Llama, Mistral, Qwen2, Qwen3, StableLM, Phi-3 (``loads_to_half``): ``config.rope_layout`` is the layout of
   the *saved* weights. ``from_pretrained`` permutes q/k rows to half on load and ``save_pretrained`` back on
   save, so the model in memory (``model.state_dict()``, peft adapters trained on it) is always half. Converting
@@ -17,8 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from .._transformers.conversions import record_layout_conversions
-from ..models import family_of
-from ..rotary import check_layout
+from ..models import check_layout, family_of
 from .keys import projection_of
 from .permute import block_rows, permute_rows
 from .state_dict import check_direction, convert_tensors

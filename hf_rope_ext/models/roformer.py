@@ -30,7 +30,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .. import registry
 from ..frequencies.common import head_dim_of, inv_freq_for_base, rope_setup
-from ..rotary import apply_rotary, check_layout
+from ..rotary import apply_rotary
+from .family import check_layout
 
 NATIVE_LAYOUT = "interleaved"
 ROFORMER_BASE = 10000.0  # the base transformers hard-codes in RoFormer's sinusoidal table
