@@ -8,7 +8,8 @@ the command calls :func:`load` before running a subcommand that needs them, and 
 import os
 import sys
 
-__version__ = "0.1.0"
+from .version import __version__
+
 __all__ = [
     "available_rope_types",
     "cache_keyword",

@@ -16,13 +16,14 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from . import outputs, registry
+from . import cards, outputs, registry
 from .eval import loading
 from .eval.data import load_token_documents, long_enough
 from .eval.far_context import sliding_window_baseline, with_far_context
 from .eval.last_chunk import last_chunk_losses
 from .eval.perplexity import CachedLosses
 from .eval.runner import EvalPlan, evaluate_model, label
+from .models import layout_of
 
 BUILTIN_METHODS = ("linear", "dynamic", "yarn")
 DEFAULT_FACTORS = (2.0, 4.0, 8.0)
@@ -161,9 +162,6 @@ def save_extended(path, rope_type, factor, out, records, plot=None, extra=None) 
     """Save the model patched with ``rope_type`` into ``out`` (made by ``prepare_out_dir``): weights, a config
     carrying the rope parameters, the tokenizer and the model card (whose README.md path is returned)."""
     from transformers import AutoConfig
-
-    from . import cards
-    from .models import layout_of
 
     path = loading.check_model_path(path)
     config = AutoConfig.from_pretrained(path)

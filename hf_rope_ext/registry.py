@@ -1,65 +1,41 @@
 """The table of RoPE methods this package adds: name -> parameters, frequency function, kind.
 
-A method is one module that calls :func:`register` at import time. Everything else (transformers
-registration, validation, the ``list`` command, the generic tests) reads this table.
+A method is one module declaring a ``RopeMethod`` (``declare``) as its ``METHOD``, listed in its package's
+``METHODS`` (``frequencies``, ``attention.methods``); this module registers them all when imported, and
+:func:`register` adds others later. Everything else (transformers registration, validation, the ``list`` command,
+the generic tests) reads this table.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-REQUIRED = object()  # marker: a parameter without a default
+from .attention.methods import METHODS as ATTENTION_METHODS
+from .declare import COMMON_KEYS, REQUIRED, CheckFn, FrequencyFn, Param, RopeMethod
+from .frequencies import METHODS as FREQUENCY_METHODS
 
-
-@dataclass(frozen=True)
-class Param:
-    """One key of ``rope_parameters``: its default, its type and the range it must lie in."""
-
-    default: Any = REQUIRED
-    kind: Literal["number", "int", "bool"] = "number"
-    minimum: float | None = None  # inclusive lower bound
-    exclusive_minimum: float | None = None  # strict lower bound
-    help: str = ""
-
-    def describe_allowed(self) -> str:
-        what = {"number": "a number", "int": "an integer", "bool": "true or false"}[self.kind]
-        if self.minimum is not None:
-            what += f" >= {self.minimum:g}"
-        if self.exclusive_minimum is not None:
-            what += f" > {self.exclusive_minimum:g}"
-        return what
-
-
-# Keys every method accepts besides its own (transformers fills some of them in itself).
-COMMON_KEYS = {
-    "rope_type": Param(default="default", help="the method's name"),
-    "type": Param(default=None, help="legacy spelling of rope_type"),
-    "rope_theta": Param(default=10000.0, exclusive_minimum=0, help="RoPE base b"),
-    "partial_rotary_factor": Param(default=1.0, exclusive_minimum=0, help="fraction of head_dim rotated"),
-}
-
-# Signature shared with transformers' ROPE_INIT_FUNCTIONS.
-FrequencyFn = Callable[..., tuple["Any", float]]  # (config, device=None, seq_len=None, layer_type=None)
-CheckFn = Callable[[dict, Any], None]  # (rope_parameters, config) -> raises ValueError
-
-
-@dataclass(frozen=True)
-class RopeMethod:
-    name: str
-    kind: Literal["frequency", "attention"]
-    frequencies: FrequencyFn  # the real inv_freq and attention factor of the method
-    params: dict[str, Param] = field(default_factory=dict)
-    summary: str = ""
-    dynamic: bool = False  # frequencies depend on the sequence length
-    check: CheckFn | None = None  # cross-parameter checks beyond the per-key ones
-    families: tuple[str, ...] | None = None  # model_type values supported; None means every rope-registry family
-    training_free: bool = True  # meaningful on a model pretrained with plain RoPE (False: xPos, RoPER need training)
-    example: dict = field(default_factory=dict)  # valid parameters besides rope_type, for docs and generic tests
-    attention: Any = None  # attention-level types: their declaration (attention.methods.form.AttentionForm)
-
+__all__ = [
+    "COMMON_KEYS",
+    "REQUIRED",
+    "CheckFn",
+    "FrequencyFn",
+    "Param",
+    "RopeMethod",
+    "RopeParameterError",
+    "available_rope_types",
+    "example_parameters",
+    "filled",
+    "find",
+    "get_method",
+    "methods",
+    "off_register",
+    "on_register",
+    "param_value",
+    "register",
+    "validate",
+]
 
 def example_parameters(method: RopeMethod, factor: float = 2.0) -> dict:
     """A valid ``rope_parameters`` dict for ``method``: its example, else required keys filled from their specs."""
@@ -112,22 +88,16 @@ def get_method(name: str) -> RopeMethod:
 
 def available_rope_types() -> list[str]:
     """Every rope_type this package adds, sorted."""
-    _load_methods()
     return sorted(_METHODS)
 
 
 def methods() -> list[RopeMethod]:
-    _load_methods()
     return [_METHODS[n] for n in sorted(_METHODS)]
 
 
 def find(name) -> RopeMethod | None:
     """The method registered as ``name`` so far, or None (without importing the method packages)."""
     return _METHODS.get(name)
-
-
-def _load_methods() -> None:
-    from . import attention, frequencies  # noqa: F401  (importing the packages registers their modules)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -266,3 +236,7 @@ BUILTIN_SUMMARIES = {
     "longrope": "per-pair rescale factors, short and long sets switched at L0",
     "llama3": "Llama 3.1 three-band schedule",
 }
+
+
+for _method in (*FREQUENCY_METHODS, *ATTENTION_METHODS):  # the package's own methods, declared in their modules
+    register(_method)

@@ -5,5 +5,3 @@
 - ``layer`` (what a module's config asks for, resolved once) and ``function`` (the attention function
   transformers calls, through the seam in ``hf_rope_ext._transformers``).
 """
-
-from . import methods  # noqa: F401  (registers the attention-level types)

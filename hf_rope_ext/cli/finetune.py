@@ -188,7 +188,7 @@ def interrupted(out: str) -> int:
     """Ctrl-C: one short message on stderr, and the command that resumes from the newest checkpoint of ``--out``."""
     import sys
 
-    from ..train.loop import latest_checkpoint
+    from ..train.checkpoints import latest_checkpoint
 
     found = latest_checkpoint(Path(out) / "checkpoints")
     message = (

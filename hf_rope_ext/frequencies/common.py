@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..models.family import head_dim_of
+
 if TYPE_CHECKING:
     import torch
 
@@ -22,10 +24,6 @@ class RopeSetup:
     base: float  # rope_theta b
     original_max: int  # L0: original_max_position_embeddings, defaults to max_position_embeddings
     max_position_embeddings: int
-
-
-def head_dim_of(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def rope_setup(config, layer_type: str | None = None) -> RopeSetup:

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cards import relabel_layout
 from ..models import family_of
 from ..outputs import Staged
 from .state_dict import check_direction, convert_tensors
@@ -95,8 +96,6 @@ def _copy_top_level(src: Path, dst: Path, skip: set[str]) -> None:
 
 def _relabel_card(card: Path, to: str) -> None:
     """A card hf-rope-ext wrote states the layout: state the new one (a user's card is copied unchanged)."""
-    from ..cards import relabel_layout
-
     if card.is_file():
         card.write_text(relabel_layout(card.read_text(encoding="utf-8"), to), encoding="utf-8")
 

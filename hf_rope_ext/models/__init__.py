@@ -10,10 +10,12 @@ from .family import Family, HeadShape, Projection, check_layout, families, find_
 
 __all__ = [
     "ATTENTION_FAMILIES",
+    "DYNAMIC_FAMILIES",
     "Family",
     "HeadShape",
     "Projection",
     "attention_families",
+    "check_dynamic_family",
     "check_layout",
     "family_of",
     "find_family",
@@ -48,6 +50,8 @@ def attention_families() -> tuple[str, ...]:
 
 
 ATTENTION_FAMILIES = attention_families()
+# with the families whose own rotary code runs the dynamic frequency types statelessly (RoFormer)
+DYNAMIC_FAMILIES = ATTENTION_FAMILIES + tuple(sorted(t for f in families() if f.own_dynamic for t in f.model_types))
 
 
 def is_rope_free_layer(module) -> bool:
@@ -61,3 +65,21 @@ def unsupported_reason(model_type: str | None) -> str:
     family = find_family(model_type)
     why = family.refused if family is not None else None
     return why or "its attention module was not verified to apply RoPE the way this package needs"
+
+
+def check_dynamic_family(params: dict, config) -> None:
+    """A dynamic frequency type only where no state outlives a call (issue 16).
+
+    On ATTENTION_FAMILIES the attention function rotates with the frequencies for the current length; elsewhere
+    transformers' dynamic updater would keep the long input's attention factor after resetting ``inv_freq``
+    (the same short input then gives another output) and cache keys rotated under older frequencies.
+    """
+    model_type = getattr(config, "model_type", None)
+    if config is not None and model_type not in DYNAMIC_FAMILIES:
+        raise ValueError(
+            f"rope_parameters['rope_type']={params.get('rope_type')!r} recomputes its frequencies with the length and "
+            f"config.model_type={model_type!r} cannot run it without state: the package rotates it inside the "
+            f"attention function, which does not serve this family ({unsupported_reason(model_type)}), and "
+            "transformers' dynamic updater keeps the long input's attention factor after its reset; "
+            f"supported families: {list(DYNAMIC_FAMILIES)}"
+        )

@@ -8,8 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..frequencies.common import head_dim_of
-
 LAYOUTS = ("half", "interleaved")  # pairs (i, i + d/2) as rotate_half; pairs (2i, 2i + 1) as GPT-J and RoFormer
 # q: query heads, k: key heads (rotated); v: value heads (never rotated); n: one head's per-dim vector (rotated),
 # e.g. Qwen3's q_norm/k_norm weight [head_dim], shared by every head
@@ -25,6 +23,10 @@ def check_layout(layout: str, key: str = "rope_layout") -> str:
 def layout_of(config, default: str = "half") -> str:
     """The layout a config records in ``rope_layout`` (``default`` when it records none)."""
     return check_layout(getattr(config, "rope_layout", None) or default)
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .. import registry
-from ..frequencies.common import head_dim_of, inv_freq_for_base, rope_setup
+from ..frequencies.common import inv_freq_for_base, rope_setup
 from ..rotary import apply_rotary
-from .family import check_layout
+from .family import check_layout, head_dim_of
 
 NATIVE_LAYOUT = "interleaved"
 ROFORMER_BASE = 10000.0  # the base transformers hard-codes in RoFormer's sinusoidal table

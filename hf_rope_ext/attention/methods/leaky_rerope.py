@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...declare import RopeMethod
 from ...frequencies.common import plain_frequencies
-from ...registry import RopeMethod, register
 from .form import two_bands
 from .params import FACTOR, FAMILIES, WINDOWED, check_window
 
@@ -25,16 +25,14 @@ def far_key(n: Tensor, params: dict) -> Tensor:
     return n.double() / float(params["factor"])
 
 
-METHOD = register(
-    RopeMethod(
-        name="leaky_rerope",
-        kind="attention",
-        frequencies=plain_frequencies,
-        params={"factor": FACTOR, **WINDOWED},
-        summary="leaky ReRoPE: m-n inside the window, window + (m-n-window)/factor beyond",
-        check=check_window,
-        families=FAMILIES,
-        example={"window": 16, "factor": 4.0},
-        attention=two_bands(far_query, far_key),
-    )
+METHOD = RopeMethod(
+    name="leaky_rerope",
+    kind="attention",
+    frequencies=plain_frequencies,
+    params={"factor": FACTOR, **WINDOWED},
+    summary="leaky ReRoPE: m-n inside the window, window + (m-n-window)/factor beyond",
+    check=check_window,
+    families=FAMILIES,
+    example={"window": 16, "factor": 4.0},
+    attention=two_bands(far_query, far_key),
 )

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+from ...declare import REQUIRED, Param
 from ...frequencies.params import ORIGINAL_MAX
-from ...models import ATTENTION_FAMILIES, families, unsupported_reason
-from ...registry import REQUIRED, Param
+from ...models import ATTENTION_FAMILIES, unsupported_reason
 
 FAMILIES = ATTENTION_FAMILIES  # the model types whose attention modules the attention function serves (models/)
-# with the families whose own rotary code runs the dynamic frequency types statelessly (RoFormer)
-DYNAMIC_FAMILIES = FAMILIES + tuple(sorted(t for f in families() if f.own_dynamic for t in f.model_types))
 
 WINDOW = Param(
     default=REQUIRED,
@@ -49,22 +47,4 @@ def check_window(params: dict, config) -> None:
         raise ValueError(
             f"rope_parameters['window']={window!r} is larger than the pretrained length L0={limit} "
             f"(original_max_position_embeddings, else max_position_embeddings): allowed 1 <= window <= {limit}"
-        )
-
-
-def check_dynamic_family(params: dict, config) -> None:
-    """A dynamic frequency type only where no state outlives a call (issue 16).
-
-    On FAMILIES the attention function rotates with the frequencies for the current length; elsewhere
-    transformers' dynamic updater would keep the long input's attention factor after resetting ``inv_freq``
-    (the same short input then gives another output) and cache keys rotated under older frequencies.
-    """
-    model_type = getattr(config, "model_type", None)
-    if config is not None and model_type not in DYNAMIC_FAMILIES:
-        raise ValueError(
-            f"rope_parameters['rope_type']={params.get('rope_type')!r} recomputes its frequencies with the length and "
-            f"config.model_type={model_type!r} cannot run it without state: the package rotates it inside the "
-            f"attention function, which does not serve this family ({unsupported_reason(model_type)}), and "
-            "transformers' dynamic updater keeps the long input's attention factor after its reset; "
-            f"supported families: {list(DYNAMIC_FAMILIES)}"
         )

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...declare import RopeMethod
 from ...frequencies.common import plain_frequencies
-from ...registry import RopeMethod, register
 from .form import two_bands
 from .params import FAMILIES, WINDOWED, check_window
 
@@ -24,16 +24,14 @@ def far_key(n: Tensor, params: dict) -> Tensor:
     return n.new_zeros(n.shape)
 
 
-METHOD = register(
-    RopeMethod(
-        name="rerope",
-        kind="attention",
-        frequencies=plain_frequencies,
-        params=dict(WINDOWED),
-        summary="ReRoPE: relative distance min(m-n, window)",
-        check=check_window,
-        families=FAMILIES,
-        example={"window": 16},
-        attention=two_bands(far_query, far_key),
-    )
+METHOD = RopeMethod(
+    name="rerope",
+    kind="attention",
+    frequencies=plain_frequencies,
+    params=dict(WINDOWED),
+    summary="ReRoPE: relative distance min(m-n, window)",
+    check=check_window,
+    families=FAMILIES,
+    example={"window": 16},
+    attention=two_bands(far_query, far_key),
 )

@@ -7,8 +7,8 @@ frequencies theta_j = b^(-2j/r_v); value dims past r_v pass through."""
 
 from __future__ import annotations
 
+from ...declare import REQUIRED, Param, RopeMethod
 from ...frequencies.common import plain_frequencies
-from ...registry import REQUIRED, Param, RopeMethod, register
 from .form import AttentionForm, ValueTurn
 from .params import FAMILIES, check_family
 
@@ -34,23 +34,21 @@ def value_dims(params: dict, rotary_dim: int, value_dim: int) -> int:
     return dims
 
 
-METHOD = register(
-    RopeMethod(
-        name="roper",
-        kind="attention",
-        frequencies=plain_frequencies,
-        params={
-            "value_rotary_factor": Param(
-                default=REQUIRED,
-                exclusive_minimum=0,
-                help="fraction of the rotary dims whose values are turned too (labml's rope_value_percentage), <= 1",
-            )
-        },
-        summary="RoPER: values rotated by position, output rotated back by the query's (needs training)",
-        check=check_roper,
-        families=FAMILIES,
-        training_free=False,
-        example={"value_rotary_factor": 1.0},
-        attention=AttentionForm(values=ValueTurn(value_dims)),
-    )
+METHOD = RopeMethod(
+    name="roper",
+    kind="attention",
+    frequencies=plain_frequencies,
+    params={
+        "value_rotary_factor": Param(
+            default=REQUIRED,
+            exclusive_minimum=0,
+            help="fraction of the rotary dims whose values are turned too (labml's rope_value_percentage), <= 1",
+        )
+    },
+    summary="RoPER: values rotated by position, output rotated back by the query's (needs training)",
+    check=check_roper,
+    families=FAMILIES,
+    training_free=False,
+    example={"value_rotary_factor": 1.0},
+    attention=AttentionForm(values=ValueTurn(value_dims)),
 )

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...declare import RopeMethod
 from ...frequencies.common import plain_frequencies
-from ...registry import RopeMethod, register
 from .form import two_bands
 from .params import FAMILIES, GROUP_SIZE, WINDOWED, check_window
 
@@ -26,16 +26,14 @@ def far_key(n: Tensor, params: dict) -> Tensor:
     return n.div(int(params["group_size"]), rounding_mode="floor")
 
 
-METHOD = register(
-    RopeMethod(
-        name="self_extend",
-        kind="attention",
-        frequencies=plain_frequencies,
-        params={"group_size": GROUP_SIZE, **WINDOWED},
-        summary="Self-Extend: exact inside the window, floor(pos/group_size) beyond",
-        check=check_window,
-        families=FAMILIES,
-        example={"window": 16, "group_size": 4},
-        attention=two_bands(far_query, far_key),
-    )
+METHOD = RopeMethod(
+    name="self_extend",
+    kind="attention",
+    frequencies=plain_frequencies,
+    params={"group_size": GROUP_SIZE, **WINDOWED},
+    summary="Self-Extend: exact inside the window, floor(pos/group_size) beyond",
+    check=check_window,
+    families=FAMILIES,
+    example={"window": 16, "group_size": 4},
+    attention=two_bands(far_query, far_key),
 )
