@@ -99,7 +99,7 @@ class Layer:
     def frequencies(self, config, k_pos: torch.Tensor, device) -> tuple[torch.Tensor, float, tuple]:
         """(theta_i [r/2] float64, score scale, the rotation's identity) of a call with keys at ``k_pos``."""
         if not self.method.dynamic:
-            key = ("frequencies", torch.device(device))
+            key = ("frequencies", device)  # a torch.device (the query's)
             if key not in self.constants:
                 inv_freq = base_inv_freq(config, self.layer_type, device)
                 self.constants[key] = (inv_freq, 1.0, self.tag(inv_freq))

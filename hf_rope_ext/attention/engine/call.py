@@ -103,6 +103,10 @@ def crop_empty_slots(query, key, value, mask):
         short = q_len > 1 and kv > q_len
         return (key[:, :, :q_len], value[:, :, :q_len], None) if short else (key, value, None)
     allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    if allowed.shape[:-1].numel() == 1:  # one query, one mask row (a static cache's decode step): a prefix?
+        filled = int(allowed.count_nonzero())
+        if filled and bool(allowed[..., :filled].all()):
+            return key[:, :, :filled], value[:, :, :filled], None
     seen = allowed.reshape(-1, allowed.shape[-1]).any(0)  # [kv]: some query may see the key
     end = kv - int(seen.flip(0).to(torch.uint8).argmax())  # past the last seen key (none seen: kv)
     if end < kv:

@@ -1,16 +1,25 @@
-"""The fast engine's decode step of the two-band methods: one query after a cache longer than the window, both
-bands in one attention call over keys remembered across steps (``rotated_cache``)."""
+"""The fast engine's decode step of the two-band methods: one query after a cache longer than the window, as two
+pieces over keys remembered across steps (``rotated_cache``), merged by their log-sum-exps.
+
+With w = ``window``, m the query's position and f / g the far band's query / key positions, keys [0, kv - w) are
+beyond the window and keys [kv - w, kv) inside it (regular positions):
+- near piece: R(m) q against the window's keys R(n) k, of which each step rotates only the new one;
+- far piece: R(f(m)) q against R(g(n)) k, of which each step rotates only the new one (ReRoPE: the cached keys
+  themselves, no copy).
+Each piece is one grouped-query kernel call; the two read the cache once between them, as plain decoding does.
+The angles of a step (m and f(m) for the query, m and g(m) for the new key) are formed once, in one pass.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from . import rotated_cache
+from ..methods.form import origin
 from .call import Call
 from .kernels import attend_piece
 from .pieces import Piece, needs_grad
-from .rotation import rotate, rotate_each_row_by
-from .two_band import far_rotation, near_keys
+from .rotation import half_cos_sin64, turn
+from .two_band import far_keys, near_keys
 
 
 def decoding(call: Call) -> bool:
@@ -19,21 +28,37 @@ def decoding(call: Call) -> bool:
     return q_len == 1 and kv > int(call.params["window"]) and not needs_grad(call.query, call.key, call.value)
 
 
-def two_band_decode(call: Call, module, scale: float) -> torch.Tensor:
-    """Both bands of one query in one attention call, [B, H, 1, dv]. The query is rotated for the far band,
-    R(f(m)) q; far keys n <= m - window are R(g(n)) k as remembered across steps (f, g: the far band's
-    positions); the window's keys are rotated by n - m + f(m), so that their product with the far query is
-    the near score (R(m) q) . (R(n) k): the remembered R(n) k of the window (``near_keys``) turned by
-    f(m) - m, one angle per pair, written over the last ``window`` rows of the remembered far keys, which
-    are not kept (each step rotates one more far row and turns the window anew)."""
-    window, kv = int(call.params["window"]), call.key.shape[2]
-    reach = kv - window  # keys [reach, kv) are in the window (regular positions)
-    far_positions = call.form.far.query_position(call.q_pos, call.params)  # [B, 1]
-    tag, far = far_rotation(call, "decode_key")  # far None (ReRoPE): the buffer is a copy of the keys
-    keys = rotated_cache.rotated(call.memory, "decode_key", tag, call.key, call.k_pos, kv - 1, far, own=reach)
-    near = near_keys(call, reach)  # R(n) k, n in [reach, kv)
-    window_rows = keys[:, :, reach:]
-    turned = None if keys.dtype == torch.float32 else rotated_cache.scratch(module, "turn", (2, *near.shape), near)
-    rotate_each_row_by(near, far_positions - call.q_pos, call.inv_freq, window_rows, turned)
-    q = rotate(call.query, far_positions, call.inv_freq)
-    return attend_piece(q, keys, call.value, Piece(), scale)[0]
+def step_angles(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, 1, P, r/2] at positions m, f(m) (the query's) and, unless the far keys stay unrotated, m, g(m)
+    (the new key's)."""
+    m, far = call.q_pos, call.form.far  # m [B, 1]
+    positions = [m, far.query_position(m, call.params)]
+    if far.key_position is not origin:
+        positions += [m, far.key_position(m, call.params)]
+    return half_cos_sin64(torch.cat(positions, dim=1), call.inv_freq)  # cat promotes to the widest dtype
+
+
+def merge_two(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The softmax over both pieces' keys, neither empty: a's weight is sigmoid(l_a - l_b); [B, H, 1, dv]."""
+    (o1, l1), (o2, l2) = a, b
+    weight = torch.sigmoid(l1 - l2)[..., None]  # [B, H, 1, 1] float32
+    return torch.lerp(o2.float(), o1.float(), weight).to(o1.dtype)
+
+
+def two_band_decode(call: Call, scale: float) -> torch.Tensor:
+    """Both bands of one query, [B, H, 1, dv] (module docstring)."""
+    kv = call.key.shape[2]
+    reach = kv - int(call.params["window"])  # keys [reach, kv) are in the window
+    cos, sin = step_angles(call)
+    q = turn(call.query.expand(-1, -1, 2, -1), cos[:, :, :2], sin[:, :, :2])  # [B, H, 2, d]: R(m) q, R(f(m)) q
+    new = call.key[:, :, -1:]  # [B, Hkv, 1, d], at position m
+    if cos.shape[2] > 2:  # R(m) k and R(g(m)) k of the new key
+        last = turn(new.expand(-1, -1, 2, -1), cos[:, :, 2:], sin[:, :, 2:])
+        near_last, far_last = last[:, :, :1], last[:, :, 1:]
+    else:
+        near_last, far_last = turn(new, cos[:, :, :1], sin[:, :, :1]), None
+    near_k = near_keys(call, reach, near_last)
+    far_k = far_keys(call, kv - 1, far_last)[:, :, :reach]
+    near = attend_piece(q[:, :, :1], near_k, call.value[:, :, reach:], Piece(), scale)
+    far = attend_piece(q[:, :, 1:], far_k, call.value[:, :, :reach], Piece(), scale)
+    return merge_two(near, far)

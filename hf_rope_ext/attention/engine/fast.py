@@ -10,9 +10,11 @@ a kernel, a declaration none of these plans covers.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from ..methods.form import Band
+from ..methods.form import AttentionForm, Band
 from .call import Call
 from .decode import decoding, two_band_decode
 from .kernels import kernel_for
@@ -21,13 +23,14 @@ from .single_band import rotated_keys, single_band
 from .two_band import two_band_regular
 
 
-def plan(call: Call) -> str | None:
-    """"single", "two" or None (no fast plan for this declaration)."""
-    bands = call.form.bands
+@functools.cache
+def plan_of(form: AttentionForm) -> str | None:
+    """"single", "two" or None (no fast plan for this declaration); once per declaration."""
+    bands = form.bands
     if len(bands) == 1 and bands[0].keys == "all" and bands[0].query_position is bands[0].key_position is None:
         return "single"
-    if len(bands) == 2 and bands[0] == Band("window") and bands[1].keys == "beyond" and call.form.far is bands[1]:
-        return "two" if call.form.decay is None and call.form.values is None else None
+    if len(bands) == 2 and bands[0] == Band("window") and bands[1].keys == "beyond" and form.far is bands[1]:
+        return "two" if form.decay is None and form.values is None else None
     return None
 
 
@@ -44,12 +47,12 @@ def regular(call: Call, mask) -> bool:
 
 def run(call: Call, module, mask, causal: bool, scale: float, dropout: float, training: bool):
     """The output [B, H, q, dv], or None where the fast engine does not apply."""
-    kind = plan(call)
+    kind = plan_of(call.form)
     if kind is None or kernel_for(call.query.device) is None or (training and dropout > 0):
         return None
     if kind == "single":
         return single_band(call, mask, causal, scale)
     if mask is None and causal and regular(call, mask):
-        return two_band_decode(call, module, scale) if decoding(call) else two_band_regular(call, scale)
+        return two_band_decode(call, scale) if decoding(call) else two_band_regular(call, scale)
     offset = call.key.shape[2] - call.query.shape[2]
     return two_band_masked(call, rotated_keys(call, offset), mask, causal, scale)

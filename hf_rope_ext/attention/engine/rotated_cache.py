@@ -35,16 +35,15 @@ class Entry:
     end: int  # key rows [base, end) are valid
     source: torch.Tensor | None  # [B, Hkv, capacity, d]: a copy of the unrotated rows (None: trusted, not needed)
     positions: torch.Tensor  # [B, capacity] int64
-    rotated: torch.Tensor  # [B, Hkv, capacity, d]: the rotated rows (``source`` itself for a copy)
+    rotated: torch.Tensor  # [B, Hkv, capacity, d]: the rotated rows
 
     def select(self, index: torch.Tensor) -> None:
         """Keep batch rows ``index`` (beam search's reorder), in the order given."""
         index = index.to(self.positions.device)
-        shared = self.rotated is self.source
         self.positions = self.positions.index_select(0, index)
         self.rotated = self.rotated.index_select(0, index)
         if self.source is not None:
-            self.source = self.rotated if shared else self.source.index_select(0, index)
+            self.source = self.source.index_select(0, index)
 
 
 @dataclass
@@ -112,8 +111,8 @@ def fits(entry: Entry | None, source: torch.Tensor, fresh: torch.Tensor, start: 
     (with a copy of the source rows when ``copy``)."""
     if entry is None or entry.base > start or source.shape[2] - entry.base > entry.rotated.shape[2]:
         return False
-    held, out, shared = entry.source, entry.rotated, fresh is source
-    if (out is held) != shared or (not shared and (held is not None) != copy):  # one shared buffer, or two
+    held, out = entry.source, entry.rotated
+    if (held is not None) != copy:
         return False
     if held is not None and (held.dtype, held.shape[3]) != (source.dtype, source.shape[3]):
         return False
@@ -133,7 +132,7 @@ def room(entry: Entry | None, start: int, end: int, source, positions, fresh, co
     b, h, kv, d = source.shape
     capacity = kv - start + max(64, (kv - start) // 8)
     turned = fresh.new_empty((b, h, capacity, fresh.shape[3]))
-    held = turned if fresh is source else (source.new_empty((b, h, capacity, d)) if copy else None)
+    held = source.new_empty((b, h, capacity, d)) if copy else None
     grown = Entry((), start, start, held, positions.new_empty((b, capacity)), turned)
     if end > start:
         old = slice(start - entry.base, end - entry.base)
@@ -143,12 +142,11 @@ def room(entry: Entry | None, start: int, end: int, source, positions, fresh, co
 
 
 def put(entry: Entry, start: int, end: int, source, positions, rotated) -> None:
-    """Write key rows [start, end): their positions, rotation and (when kept) unrotated copy; one write when these
-    share a buffer."""
+    """Write key rows [start, end): their positions, rotation and (when kept) unrotated copy."""
     rows = slice(start - entry.base, end - entry.base)
     entry.positions[:, rows] = positions
     entry.rotated[:, :, rows] = rotated
-    if entry.source is not None and entry.source is not entry.rotated:
+    if entry.source is not None:
         entry.source[:, :, rows] = source
 
 
@@ -159,31 +157,28 @@ def rotated(
     source: torch.Tensor,
     positions: torch.Tensor,
     old_rows: int,
-    rotate: Callable | None,
+    rotate: Callable,
     start: int = 0,
-    own: int | None = None,
+    last: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``rotate(source[:, :, start:], positions[:, start:])`` [B, Hkv, kv - start, d], reusing the rows that
     ``memory`` holds from earlier calls where valid (``start`` > 0: a trailing window, as the near band while
-    decoding). ``rotate`` None: the rows as they are (one buffer holds the copy and the result).
+    decoding).
 
     ``old_rows``: rows of ``source`` that were already in the cache before this call (kv - q_len); only those can
     be reused, and the result is remembered only for calls that extend a cache (old_rows > 0) without autograd.
-    ``own``: rows [own, kv) of the result are left unwritten and not remembered: the caller fills them.
-    The returned view is valid until the next call on the same memory.
+    ``last``: what ``rotate`` gives for the source's last row alone, when the caller has it already (a decode
+    step rotates its query by the same angles). The returned view is valid until the next call on the same memory.
     """
-    turn = rotate or (lambda x, p: x)
     if old_rows <= 0 or (torch.is_grad_enabled() and source.requires_grad):
-        result = turn(source[:, :, start:], positions[:, start:])
-        return result.clone() if rotate is None else result
+        return rotate(source[:, :, start:], positions[:, start:])
     entry = memory.entries.get(purpose)
     end = reusable_end(entry, tag, source, positions, range(start, old_rows), memory.trusted)
     kv = source.shape[2]
-    stop = kv if own is None else max(end, own)
-    fresh = turn(source[:, :, end:stop], positions[:, end:stop])
-    entry = room(entry, start, end, source, positions, source if rotate is None else fresh, not memory.trusted)
-    put(entry, end, stop, source[:, :, end:stop], positions[:, end:stop], fresh)
-    entry.tag, entry.end = tag, stop
+    fresh = last if last is not None and end == kv - 1 else rotate(source[:, :, end:], positions[:, end:])
+    entry = room(entry, start, end, source, positions, fresh, not memory.trusted)
+    put(entry, end, kv, source[:, :, end:], positions[:, end:], fresh)
+    entry.tag, entry.end = tag, kv
     memory.entries[purpose] = entry
     return entry.rotated[:, :, start - entry.base : kv - entry.base]
 

@@ -87,11 +87,16 @@ def turn_pairs(x1, x2, cos, sin, out: torch.Tensor) -> torch.Tensor:
 
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log_scale=None) -> torch.Tensor:
-    """(x1, x2) -> (x1 c - x2 s, x2 c + x1 s) per pair (i, i + r/2), in float32, cast back to x's dtype."""
     cos, sin = half_cos_sin64(positions, inv_freq)  # [B, 1, L, r/2]
     if log_scale is not None:
         scale = torch.exp(log_scale).float()
         cos, sin = cos * scale, sin * scale
+    return turn(x, cos, sin)
+
+
+def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, L, head_dim] turned by cos, sin [B, 1, L, r/2] (of ``half_cos_sin64``): (x1, x2) -> (x1 c - x2 s,
+    x2 c + x1 s) per pair (i, i + r/2), in float32, cast back to x's dtype; dims past r pass through."""
     h = cos.shape[-1]
     x1, x2 = x[..., :h].float(), x[..., h : 2 * h].float()
     if torch.is_grad_enabled() and x.requires_grad:

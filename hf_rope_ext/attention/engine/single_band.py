@@ -12,29 +12,39 @@ from .call import Call
 from .kernels import attend_piece
 from .lse import Rows, causal_lse
 from .pieces import Piece, needs_grad
-from .rotation import rotate
-from .treatments import decay_rows, key_log_scale, query_log_scale, segments, turn_output_back, value_inv_freq
+from .rotation import half_cos_sin64, rotate, turn
+from .treatments import (
+    decay_rows,
+    exponent_bound,
+    key_log_scale,
+    log_zeta,
+    query_log_scale,
+    segments,
+    turn_output_back,
+    value_inv_freq,
+)
 
 ROWS = 1024  # query rows per chunk at most: its rotated queries and outputs are the temporaries
 
 
-def rotated_keys(call: Call, old_rows: int) -> torch.Tensor:
-    """Keys [B, Hkv, kv, d] rotated by their positions (rows before ``old_rows`` remembered from earlier steps)."""
+def rotated_keys(call: Call, old_rows: int, last: torch.Tensor | None = None) -> torch.Tensor:
+    """Keys [B, Hkv, kv, d] rotated by their positions (rows before ``old_rows`` remembered from earlier steps;
+    ``last``: the newest one already rotated)."""
     if "rotated_keys" not in call.state:
-        turn = lambda x, p: rotate(x, p, call.inv_freq)  # noqa: E731
+        by = lambda x, p: rotate(x, p, call.inv_freq)  # noqa: E731
         call.state["rotated_keys"] = rotated_cache.rotated(
-            call.memory, "key", call.tag, call.key, call.k_pos, old_rows, turn
+            call.memory, "key", call.tag, call.key, call.k_pos, old_rows, by, 0, last
         )
     return call.state["rotated_keys"]
 
 
-def rotated_values(call: Call, old_rows: int) -> torch.Tensor:
+def rotated_values(call: Call, old_rows: int, last: torch.Tensor | None = None) -> torch.Tensor:
     """Values [B, Hkv, kv, dv]; RoPER's rotated by their positions, remembered across decode steps."""
     if call.form.values is None:
         return call.value
     inv_freq = value_inv_freq(call)
-    turn = lambda x, p: rotate(x, p, inv_freq)  # noqa: E731
-    return rotated_cache.rotated(call.memory, "value", call.tag, call.value, call.k_pos, old_rows, turn)
+    by = lambda x, p: rotate(x, p, inv_freq)  # noqa: E731
+    return rotated_cache.rotated(call.memory, "value", call.tag, call.value, call.k_pos, old_rows, by, 0, last)
 
 
 def decay_half(call: Call) -> int:
@@ -63,6 +73,40 @@ def decayed_query_keys(call: Call, rows: slice, old_rows: int):
     return q, rotated_cache.rotated(call.memory, "xpos_key", tag, call.key, call.k_pos, old_rows, scaled)
 
 
+def decode_step(call: Call, scale: float) -> torch.Tensor:
+    """One query after a cache, [B, H, 1, dv]: the angles of position m formed once for the query and the new key
+    (and RoPER's new value and the output's turn back, with the values' frequencies)."""
+    old_rows, m, new = call.key.shape[2] - 1, call.q_pos, call.key[:, :, -1:]  # m [B, 1], new [B, Hkv, 1, d]
+    cos, sin = half_cos_sin64(m, call.inv_freq)  # [B, 1, 1, r/2]
+    if call.form.decay is None:
+        q, keys = turn(call.query, cos, sin), rotated_keys(call, old_rows, turn(new, cos, sin))
+    else:
+        q, keys = decayed_step(call, cos, sin, old_rows)
+    if call.form.values is None:
+        return attend_piece(q, keys, call.value, Piece(), scale)[0]
+    value_cos, value_sin = half_cos_sin64(m, value_inv_freq(call))
+    values = rotated_values(call, old_rows, turn(call.value[:, :, -1:], value_cos, value_sin))
+    return turn(attend_piece(q, keys, values, Piece(), scale)[0], value_cos, -value_sin)
+
+
+def decayed_step(call: Call, cos, sin, old_rows: int):
+    """xPos's decode step: ``decayed_query_keys`` for one query, the query's and the new key's scales riding on
+    the angles of m."""
+    half, m = decay_half(call), call.q_pos
+    ref = (m // half + 1) * half  # [B, 1], above m: the new key's log factor is minus the query's (unclamped)
+    q_log = ((m - ref).double() / call.form.decay.scale(call.params))[:, None, :, None] * log_zeta(call)
+    q_scale = torch.exp(q_log.clamp(max=exponent_bound(call.query.dtype))).float()  # [B, 1, 1, r/2]
+    k_scale = torch.exp(-q_log).float()
+    q = turn(call.query, cos * q_scale, sin * q_scale)
+    last = turn(call.key[:, :, -1:], cos * k_scale, sin * k_scale)
+
+    def scaled(x, n):
+        return rotate(x, n, call.inv_freq, key_log_scale(call, n, ref))
+
+    tag = ("xpos_key", call.tag, tuple(ref.flatten().tolist()))
+    return q, rotated_cache.rotated(call.memory, "xpos_key", tag, call.key, call.k_pos, old_rows, scaled, 0, last)
+
+
 def query_keys(call: Call, rows: slice, old_rows: int):
     """(queries [B, H, c, d], keys [B, Hkv, kv, d]) of one chunk, ready for plain attention."""
     if call.form.decay is not None:
@@ -84,6 +128,8 @@ def chunks(call: Call) -> list[slice]:
 def single_band(call: Call, mask, causal: bool, scale: float) -> torch.Tensor:
     """Plain RoPE scores (xPos scaled), RoPER's values: [B, H, q, dv]."""
     q_len, kv = call.query.shape[2], call.key.shape[2]
+    if q_len == 1 and mask is None and causal:
+        return decode_step(call, scale)
     offset, out = kv - q_len, Rows(call.query, call.value.shape[-1], needs_grad(call.query, call.key, call.value))
     values, chunk_list = rotated_values(call, offset), chunks(call)
     for rows in chunk_list:
@@ -91,8 +137,6 @@ def single_band(call: Call, mask, causal: bool, scale: float) -> torch.Tensor:
         if mask is not None or not causal:
             rows_mask = None if mask is None else (mask[..., rows, :] if mask.shape[-2] > 1 else mask)
             block = F.scaled_dot_product_attention(q, k, values, attn_mask=rows_mask, scale=scale, enable_gqa=True)
-        elif q_len == 1:  # decode: one piece over every key
-            return turn_output_back(call, attend_piece(q, k, values, Piece(), scale)[0], rows)
         elif len(chunk_list) == 1 and offset == 0:  # one call: the output needs no buffer
             block = F.scaled_dot_product_attention(q, k, values, scale=scale, is_causal=True, enable_gqa=True)
             return turn_output_back(call, block, rows)

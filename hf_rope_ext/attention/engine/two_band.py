@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..methods.form import origin
 from . import rotated_cache
 from .call import Call
 from .kernels import attend_piece
@@ -29,34 +30,28 @@ def near_block(window: int) -> int:
     return min(max(64, window // 4), 512)  # window 512: 128 rows, measured fastest of 64/128/256/512
 
 
-def near_keys(call: Call, reach: int) -> torch.Tensor:
+def near_keys(call: Call, reach: int, last: torch.Tensor | None = None) -> torch.Tensor:
     """Keys [reach, kv) rotated by their positions; while decoding (one query, a cache) the rows shared with the
-    previous step's window are reused."""
+    previous step's window are reused (``last``: the newest key already rotated)."""
     if call.query.shape[2] > 1 or reach == 0:
         return rotate(call.key[:, :, reach:], call.k_pos[:, reach:], call.inv_freq)
     turn = lambda x, p: rotate(x, p, call.inv_freq)  # noqa: E731
     offset = call.key.shape[2] - 1
-    return rotated_cache.rotated(call.memory, "near_key", call.tag, call.key, call.k_pos, offset, turn, start=reach)
+    memory = call.memory
+    return rotated_cache.rotated(memory, "near_key", call.tag, call.key, call.k_pos, offset, turn, reach, last)
 
 
-def far_rotation(call: Call, purpose: str):
-    """(memory tag, rotate) of keys by the far band's key positions g(n); rotate None when every far key sits at
-    position 0 (ReRoPE: the unrotated keys themselves)."""
+def far_keys(call: Call, old_rows: int, last: torch.Tensor | None = None) -> torch.Tensor:
+    """Keys [B, Hkv, kv, d] rotated by g(n), remembered across decode steps (ReRoPE's ``origin``: the keys as
+    cached, no copy)."""
     far = call.form.far
-    unrotated = not bool(far.key_position(call.k_pos, call.params).any())
+    if far.key_position is origin:
+        return call.key
 
     def turn(x, positions):
         return rotate(x, far.key_position(positions, call.params), call.inv_freq)
 
-    return (purpose, call.tag, unrotated), None if unrotated else turn
-
-
-def far_keys(call: Call, old_rows: int) -> torch.Tensor:
-    """Keys [B, Hkv, kv, d] rotated by g(n) (ReRoPE: the unrotated keys themselves)."""
-    tag, turn = far_rotation(call, "far_key")
-    if turn is None:
-        return call.key
-    return rotated_cache.rotated(call.memory, "far_key", tag, call.key, call.k_pos, old_rows, turn)
+    return rotated_cache.rotated(call.memory, "far_key", call.tag, call.key, call.k_pos, old_rows, turn, 0, last)
 
 
 def far_queries(call: Call, rows: slice) -> torch.Tensor:

@@ -24,6 +24,11 @@ if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads the 
 PositionFn = Callable[["Tensor", dict], "Tensor"]  # (positions [B, L] int64, rope params) -> positions [B, L]
 
 
+def origin(positions: Tensor, params: dict) -> Tensor:
+    """Every position taken as 0: keys left unrotated (ReRoPE's far band); the engine then reads them as cached."""
+    return positions.new_zeros(positions.shape)
+
+
 @dataclass(frozen=True)
 class Band:
     """One score band: the keys it covers and the positions its queries and keys are rotated by."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ...declare import RopeMethod
 from ...frequencies.common import plain_frequencies
-from .form import two_bands
+from .form import origin, two_bands
 from .params import FAMILIES, WINDOWED, check_window
 
 if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
@@ -18,10 +18,6 @@ if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this
 
 def far_query(m: Tensor, params: dict) -> Tensor:
     return m.new_full(m.shape, int(params["window"]))
-
-
-def far_key(n: Tensor, params: dict) -> Tensor:
-    return n.new_zeros(n.shape)
 
 
 METHOD = RopeMethod(
@@ -33,5 +29,5 @@ METHOD = RopeMethod(
     check=check_window,
     families=FAMILIES,
     example={"window": 16},
-    attention=two_bands(far_query, far_key),
+    attention=two_bands(far_query, origin),
 )
