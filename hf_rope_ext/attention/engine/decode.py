@@ -29,13 +29,14 @@ def decoding(call: Call) -> bool:
 
 
 def step_angles(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [B, 1, P, r/2] at positions m, f(m) (the query's) and, unless the far keys stay unrotated, m, g(m)
-    (the new key's)."""
+    """cos, sin [P, B, 1, 1, r/2] at positions m, f(m) (the query's) and, unless the far keys stay unrotated, m, g(m)
+    (the new key's): one leading row per position, so that each turned row is a contiguous [B, heads, 1, d]."""
     m, far = call.q_pos, call.form.far  # m [B, 1]
     positions = [m, far.query_position(m, call.params)]
     if far.key_position is not origin:
         positions += [m, far.key_position(m, call.params)]
-    return half_cos_sin64(torch.cat(positions, dim=1), call.inv_freq)  # cat promotes to the widest dtype
+    cos, sin = half_cos_sin64(torch.cat(positions, dim=1), call.inv_freq)  # [B, 1, P, r/2]; cat takes the widest dtype
+    return cos.permute(2, 0, 1, 3)[:, :, :, None], sin.permute(2, 0, 1, 3)[:, :, :, None]
 
 
 def merge_two(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -50,15 +51,14 @@ def two_band_decode(call: Call, scale: float) -> torch.Tensor:
     kv = call.key.shape[2]
     reach = kv - int(call.params["window"])  # keys [reach, kv) are in the window
     cos, sin = step_angles(call)
-    q = turn(call.query.expand(-1, -1, 2, -1), cos[:, :, :2], sin[:, :, :2])  # [B, H, 2, d]: R(m) q, R(f(m)) q
+    q_near, q_far = turn(call.query.expand(2, -1, -1, -1, -1), cos[:2], sin[:2])  # R(m) q, R(f(m)) q
     new = call.key[:, :, -1:]  # [B, Hkv, 1, d], at position m
-    if cos.shape[2] > 2:  # R(m) k and R(g(m)) k of the new key
-        last = turn(new.expand(-1, -1, 2, -1), cos[:, :, 2:], sin[:, :, 2:])
-        near_last, far_last = last[:, :, :1], last[:, :, 1:]
+    if cos.shape[0] > 2:  # R(m) k and R(g(m)) k of the new key
+        near_last, far_last = turn(new.expand(2, -1, -1, -1, -1), cos[2:], sin[2:])
     else:
-        near_last, far_last = turn(new, cos[:, :, :1], sin[:, :, :1]), None
+        near_last, far_last = turn(new, cos[0], sin[0]), None
     near_k = near_keys(call, reach, near_last)
     far_k = far_keys(call, kv - 1, far_last)[:, :, :reach]
-    near = attend_piece(q[:, :, :1], near_k, call.value[:, :, reach:], Piece(), scale)
-    far = attend_piece(q[:, :, 1:], far_k, call.value[:, :, :reach], Piece(), scale)
+    near = attend_piece(q_near, near_k, call.value[:, :, reach:], Piece(), scale)
+    far = attend_piece(q_far, far_k, call.value[:, :, :reach], Piece(), scale)
     return merge_two(near, far)
