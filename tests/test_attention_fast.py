@@ -179,18 +179,3 @@ def test_rotation_in_row_pieces_equals_one_piece(monkeypatch):
     assert torch.equal(rotation.rotate(x, pos, inv_freq), whole)
     assert torch.equal(rotation.rotate(x, pos, inv_freq, log_scale), fused)
     torch.testing.assert_close(fused, reference.scale_pairs(whole, log_scale), rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_turning_every_row_by_one_position_equals_rotate(dtype):
-    """The decode step's window turn (one position per batch row, written into a strided buffer; bf16 through
-    float32 scratch) is bit-identical to ``rotate`` with that position repeated for every row."""
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(2, 3, 10, 24, generator=g).to(dtype)
-    inv_freq = 1 / 10000 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)  # partial rotary: 16 of 24 dims
-    position = torch.tensor([[-37.5], [12.0]], dtype=torch.float64)
-    buffer = torch.full((2, 3, 15, 24), float("nan"), dtype=dtype)
-    scratch = torch.empty(2, *x.shape)
-    rotation.rotate_each_row_by(x, position, inv_freq, buffer[:, :, 5:], scratch)
-    assert torch.equal(buffer[:, :, 5:], rotation.rotate(x, position.expand(2, 10), inv_freq))
-    assert buffer[:, :, :5].isnan().all()

@@ -21,6 +21,7 @@ __all__ = [
     "find_family",
     "has_layout_facts",
     "is_rope_free_layer",
+    "refuse_family",
     "layout_families",
     "layout_of",
     "unsupported_reason",
@@ -67,19 +68,23 @@ def unsupported_reason(model_type: str | None) -> str:
     return why or "its attention module was not verified to apply RoPE the way this package needs"
 
 
-def check_dynamic_family(params: dict, config) -> None:
-    """A dynamic frequency type only where no state outlives a call (issue 16).
-
-    On ATTENTION_FAMILIES the attention function rotates with the frequencies for the current length; elsewhere
-    transformers' dynamic updater would keep the long input's attention factor after resetting ``inv_freq``
-    (the same short input then gives another output) and cache keys rotated under older frequencies.
-    """
+def refuse_family(params: dict, config, served: tuple[str, ...], need: str) -> None:
+    """Raise unless ``config``'s family is one of ``served``; ``need``: what the rope type asks of a family."""
     model_type = getattr(config, "model_type", None)
-    if config is not None and model_type not in DYNAMIC_FAMILIES:
+    if config is not None and model_type not in served:
         raise ValueError(
-            f"rope_parameters['rope_type']={params.get('rope_type')!r} recomputes its frequencies with the length and "
-            f"config.model_type={model_type!r} cannot run it without state: the package rotates it inside the "
-            f"attention function, which does not serve this family ({unsupported_reason(model_type)}), and "
-            "transformers' dynamic updater keeps the long input's attention factor after its reset; "
-            f"supported families: {list(DYNAMIC_FAMILIES)}"
+            f"rope_parameters['rope_type']={params.get('rope_type')!r} {need}, which config.model_type={model_type!r} "
+            f"does not offer ({unsupported_reason(model_type)}); supported families: {list(served)}"
         )
+
+
+def check_dynamic_family(params: dict, config) -> None:
+    """A dynamic frequency type only where no state outlives a call (issue 16): on ATTENTION_FAMILIES the attention
+    function rotates with the frequencies for the current length; elsewhere transformers' dynamic updater would keep
+    the long input's attention factor after resetting ``inv_freq`` (the same short input then gives another output)
+    and cache keys rotated under older frequencies."""
+    need = (
+        "recomputes its frequencies with the length and runs without state only where the package rotates inside "
+        "the attention function (transformers' dynamic updater keeps the long input's attention factor after its reset)"
+    )
+    refuse_family(params, config, DYNAMIC_FAMILIES, need)

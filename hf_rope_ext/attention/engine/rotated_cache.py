@@ -55,7 +55,6 @@ class Memory:
 
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {purpose: Entry}: beside other caches
-_SCRATCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {purpose: float32 buffer}
 _LAST = threading.local()  # .update = (weakref to the cache layer, weakref to the keys its last update returned)
 
 
@@ -183,16 +182,6 @@ def rotated(
     return entry.rotated[:, :, start - entry.base : kv - entry.base]
 
 
-def scratch(module, purpose: str, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
-    """A float32 buffer of ``shape`` kept with the module and handed out again at its next call (a step's
-    temporaries without an allocation per step); its contents are the caller's."""
-    held = _SCRATCH.setdefault(module, {}).get(purpose)
-    if held is None or held.shape != shape or held.device != like.device:
-        held = _SCRATCH[module][purpose] = like.new_empty(shape, dtype=torch.float32)
-    return held
-
-
 def forget(module) -> None:
-    """Drop what ``module`` remembers beside plain caches (frees the rotated copies and scratch buffers)."""
+    """Drop what ``module`` remembers beside plain caches (frees the rotated copies)."""
     _MEMORY.pop(module, None)
-    _SCRATCH.pop(module, None)

@@ -63,20 +63,6 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log
     return by_rows(lambda x, p, s: _rotate(x, p, inv_freq, s), x, (positions, 1), (log_scale, 2))
 
 
-def rotate_each_row_by(x, position: torch.Tensor, inv_freq: torch.Tensor, out, scratch=None) -> None:
-    """Write x [B, H, L, head_dim] rotated by one position per batch row (position [B, 1]) into ``out`` (same
-    shape, any strides, not overlapping x), without autograd; products in float32 as ``rotate``. Another dtype
-    goes through ``scratch`` (float32 [2, *x.shape]: x, then the rotation, rounded once into out), since
-    products of mixed dtypes do not vectorize."""
-    x32, turned = (x, out) if out.dtype == torch.float32 else (scratch[0].copy_(x), scratch[1])
-    cos, sin = half_cos_sin64(position, inv_freq)  # [B, 1, 1, r/2], broadcast over heads and rows
-    h = cos.shape[-1]
-    turn_pairs(x32[..., :h], x32[..., h : 2 * h], cos, sin, turned)
-    if turned is not out:
-        out[..., : 2 * h] = turned[..., : 2 * h]
-    out[..., 2 * h :] = x[..., 2 * h :]
-
-
 def turn_pairs(x1, x2, cos, sin, out: torch.Tensor) -> torch.Tensor:
     """Write (x1 c - x2 s, x2 c + x1 s) into out[..., :2h] (x1, x2 [..., h] float32 halves; a multiply and a fused
     multiply-add per half, no temporaries); returns out."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...declare import REQUIRED, Param
 from ...frequencies.params import ORIGINAL_MAX
-from ...models import ATTENTION_FAMILIES, unsupported_reason
+from ...models import ATTENTION_FAMILIES, refuse_family
 
 FAMILIES = ATTENTION_FAMILIES  # the model types whose attention modules the attention function serves (models/)
 
@@ -28,13 +28,8 @@ def pretrained_length(params: dict, config) -> int:
 
 def check_family(params: dict, config) -> None:
     """The model family must be one whose attention modules these methods were written and tested for."""
-    model_type = getattr(config, "model_type", None)
-    if config is not None and model_type not in FAMILIES:
-        raise ValueError(
-            f"rope_parameters['rope_type']={params.get('rope_type')!r} is an attention-level type and "
-            f"config.model_type={model_type!r} does not support it ({unsupported_reason(model_type)}); "
-            f"supported families: {list(FAMILIES)}"
-        )
+    need = "is an attention-level type: it needs the attention modules these methods were written for"
+    refuse_family(params, config, FAMILIES, need)
 
 
 def check_window(params: dict, config) -> None:
