@@ -242,7 +242,9 @@ def _check_choice(key: str, value: Any, allowed: list[str]) -> None:
 
 def _read_config(directory: Path) -> dict:
     path = directory / "config.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    from .files import read_json
+
+    return read_json(path) if path.is_file() else {}
 
 
 def _config_rope_parameters(directory: Path) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 KEPT_KEYS = ("rope_theta", "partial_rotary_factor")
+ORIGINAL = "original_max_position_embeddings"
 
 
 def _flat_rope_parameters(config) -> dict:
@@ -20,38 +21,51 @@ def _flat_rope_parameters(config) -> dict:
     return params
 
 
+def pretraining_length(config) -> int:
+    """L0: the saved ``original_max_position_embeddings`` if any; for transformers' ``linear``, which has no key for
+    it, ``max_position_embeddings`` / ``factor`` (linear-scaled checkpoints state the extended length); else
+    ``max_position_embeddings``."""
+    params = getattr(config, "rope_parameters", None) or {}  # nested per layer type: neither key at the top
+    if params.get(ORIGINAL):
+        return int(params[ORIGINAL])
+    if params.get("rope_type") == "linear" and params.get("factor"):
+        return round(config.max_position_embeddings / float(params["factor"]))
+    return int(config.max_position_embeddings)
+
+
+def extended_max_positions(rope_type: str | None, pretrain: int, length: int) -> int:
+    """``max_position_embeddings`` of a model extended to ``length`` tokens: that length (what engines read as the
+    model's context), except for transformers' ``dynamic``, which reads it as L0."""
+    return int(pretrain) if rope_type == "dynamic" else int(length)
+
+
 def accepted_keys(rope_type: str) -> dict[str, bool]:
     """Keys ``rope_type`` takes besides rope_type/rope_theta -> whether each is required. KeyError if unknown."""
     from . import registry
 
-    common = {"partial_rotary_factor": False}
-    if rope_type in registry.BUILTIN_TYPES:
-        spec = registry.BUILTIN_TYPES[rope_type]
-        return {**common, **{key: default is registry.REQUIRED for key, default in spec.items()}}
-    method = registry.get_method(rope_type)
-    return {**common, **{key: p.default is registry.REQUIRED for key, p in method.params.items()}}
+    params, _ = registry.type_spec(rope_type)
+    return {"partial_rotary_factor": False, **{key: p.default is registry.REQUIRED for key, p in params.items()}}
 
 
 def rope_parameters_for(source: Any, rope_type: str | None, **params: Any) -> dict:
-    """``rope_parameters`` for ``source`` (a config or a model directory/repo id) switched to ``rope_type``.
+    """``rope_parameters`` for ``source`` (a config, a model directory, a GGUF file or a Hub repo id) switched to
+    ``rope_type``.
 
     Keeps the saved base (``rope_theta``) and ``partial_rotary_factor``; sets
     ``original_max_position_embeddings`` to the saved pretraining length (``max_position_embeddings`` unless the
-    saved parameters name one) when the type takes it and it is not given. A key the type does not take is a
-    ValueError naming it. ``rope_type=None`` returns the saved parameters unchanged.
+    saved parameters name one) when the type takes it and it is not given. The result is validated as every rope
+    dict of the package is (``registry.validate``): a key the type does not take, a value of the wrong type or out of
+    range, or parameters that contradict each other raise an error naming the key, the value and what is allowed.
+    ``rope_type=None`` returns the saved parameters unchanged.
     """
-    from transformers import AutoConfig, PretrainedConfig
+    from . import registry
+    from .sources import read_config
 
-    config = source if isinstance(source, PretrainedConfig) else AutoConfig.from_pretrained(source)
+    config = read_config(source)
     saved = _flat_rope_parameters(config)
     if rope_type is None:
         return saved
     keys = accepted_keys(rope_type)
-    for key, value in params.items():
-        if key not in keys:
-            raise ValueError(
-                f"rope parameter {key!r}={value!r} is not taken by rope_type={rope_type!r}; allowed: {sorted(keys)}"
-            )
     merged = {k: saved[k] for k in KEPT_KEYS if saved.get(k) is not None}
     merged["rope_type"] = rope_type
     if "original_max_position_embeddings" in keys and params.get("original_max_position_embeddings") is None:
@@ -59,6 +73,7 @@ def rope_parameters_for(source: Any, rope_type: str | None, **params: Any) -> di
             saved.get("original_max_position_embeddings") or config.max_position_embeddings
         )
     merged.update({k: v for k, v in params.items() if v is not None})
+    registry.validate(merged, config)
     return merged
 
 

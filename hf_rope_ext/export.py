@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .cards import write_model_card
 from .export_check import NotLowerable, check_equivalent
+from .files import check_folder, read_json
 from .frequencies.common import rope_setup
 from .frequencies.ntk import ntk_base
 from .models import find_family
@@ -189,7 +190,8 @@ def read_model_config(src: Path) -> dict:
     path = src / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"src={str(src)!r} is not a saved model: it has no config.json")
-    config = json.loads(path.read_text(encoding="utf-8"))
+    check_folder(src)  # a damaged weight or tokenizer file is named now, not copied
+    config = read_json(path)
     if "model_type" not in config:
         raise KeyError(f"{path} lacks 'model_type'; cannot tell which model it is")
     return config
@@ -216,12 +218,11 @@ def check_layout(config: dict) -> None:
 
 def copy_files(src: Path, dst: Path) -> None:
     """Every top-level file but config.json and README.md, unchanged (weights, tokenizer, generation config)."""
-    from tqdm.auto import tqdm
+    from .progress import bar
 
     files = [p for p in sorted(src.iterdir()) if p.is_file() and p.name not in SKIPPED_FILES]
     files = [p for p in files if not p.name.startswith(".")]  # hidden ones (a manifest of ours) stay behind
-    disable = True if len(files) < 4 else None  # None: a bar on a terminal only
-    for path in tqdm(files, desc="copying", unit="file", disable=disable):
+    for path in bar(files, desc="copying", unit="file", enabled=len(files) >= 4):
         shutil.copy2(path, dst / path.name)
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tqdm.auto import tqdm
+import torch
 
-from . import cards, outputs, registry
+from . import cards, registry
+from .configure import extended_max_positions
 from .eval import loading
 from .eval.data import load_token_documents, long_enough
 from .eval.far_context import sliding_window_baseline, with_far_context
@@ -24,6 +25,7 @@ from .eval.last_chunk import last_chunk_losses
 from .eval.perplexity import CachedLosses
 from .eval.runner import EvalPlan, evaluate_model, label
 from .models import layout_of
+from .progress import bar
 
 BUILTIN_METHODS = ("linear", "dynamic", "yarn")
 DEFAULT_FACTORS = (2.0, 4.0, 8.0)
@@ -70,7 +72,17 @@ def _keys(rope_type) -> dict:
 
 
 def evaluate_method(
-    path, config, tokenizer, documents, rope_type, factors, base_plan: EvalPlan, progress=True, extra=None, far=None
+    path,
+    config,
+    tokenizer,
+    documents,
+    rope_type,
+    factors,
+    base_plan: EvalPlan,
+    progress=True,
+    extra=None,
+    far=None,
+    dtype="float32",
 ):
     """Records of one method over its runs, plus the last-chunk loss at every length with the largest factor and,
     with ``far`` (the sliding-window baseline loss), the far-context loss and ratio at every length of every run."""
@@ -79,7 +91,7 @@ def evaluate_method(
     records = []
     for factor, lengths in runs:
         params = run_parameters(config, rope_type, factor, pretrain, extra if rope_type is not None else None)
-        model = loading.load_model(path, params)
+        model = loading.load_model(path, params, dtype=getattr(torch, dtype))
         cache = CachedLosses()
         plan = EvalPlan(**{**base_plan.__dict__, "lengths": tuple(lengths), "last_chunk": None})
         found = evaluate_model(model, tokenizer, documents, plan, rope_type, factor, progress, cache)
@@ -96,10 +108,11 @@ def evaluate_method(
     return records
 
 
-def far_context_baseline(path, config, documents, factors, plan: EvalPlan) -> float:
+def far_context_baseline(path, config, documents, factors, plan: EvalPlan, dtype="float32") -> float:
     """The model as saved, reading the last L0 - 1 tokens of the longest window through a sliding L0 window."""
     pretrain = loading.pretraining_length(config)
-    model = loading.load_model(path, loading.rope_parameters_for(config, None, None, None))
+    params = loading.rope_parameters_for(config, None, None, None)
+    model = loading.load_model(path, params, dtype=getattr(torch, dtype))
     total = int(max(factors) * pretrain)
     return sliding_window_baseline(model, documents, total, pretrain, pretrain - 1, plan.documents, plan.far_stride)
 
@@ -125,9 +138,12 @@ def merge_last_chunk(records: list[dict], chunk: dict, name: str, factor, params
     return sorted(records, key=lambda r: (r["length"], r["factor"] or 0))
 
 
-def run_comparison(path, methods=None, factors=DEFAULT_FACTORS, plan=None, data=None, progress=True, extra=None):
+def run_comparison(
+    path, methods=None, factors=DEFAULT_FACTORS, plan=None, data=None, progress=True, extra=None, dtype="float32"
+):
     """Records of every method in ``methods`` (default: ``applicable_methods``) at the lengths the factors give;
-    ``plan`` sets what is measured (its lengths are ignored); ``extra`` parameters go to every type but none."""
+    ``plan`` sets what is measured (its lengths are ignored); ``extra`` parameters go to every type but none;
+    ``dtype`` ("float32" or "bfloat16") the models are loaded in."""
     config = loading.load_config(path)  # a model without RoPE is refused here, naming its model_type
     pretrain = loading.pretraining_length(config)
     factors = sorted(float(s) for s in factors)
@@ -140,37 +156,42 @@ def run_comparison(path, methods=None, factors=DEFAULT_FACTORS, plan=None, data=
             run_parameters(config, rope_type, factor, pretrain, extra if rope_type is not None else None)
     tokenizer = loading.load_tokenizer(path)
     documents = long_enough(load_token_documents(tokenizer, data), int(factors[-1] * pretrain), plan.documents)
-    far = far_context_baseline(path, config, documents, factors, plan) if plan.far_context else None
+    far = far_context_baseline(path, config, documents, factors, plan, dtype) if plan.far_context else None
     records = []
-    for rope_type in tqdm(methods, desc="methods", disable=not progress):
-        records += evaluate_method(path, config, tokenizer, documents, rope_type, factors, plan, progress, extra, far)
+    for rope_type in bar(methods, desc="methods", nested=False, enabled=progress):
+        args = (documents, rope_type, factors, plan, progress, extra, far, dtype)
+        records += evaluate_method(path, config, tokenizer, *args)
     return records
 
 
-def check_out_dir(out, overwrite: bool, flag: str = "--out", writes_card: bool = False) -> None:
-    """Refuse an occupied ``out`` without ``overwrite``, and a README.md of the user's where the card goes."""
-    outputs.check_dir(out, overwrite, flag, writes_card)
+def has_position_table(model) -> bool:
+    """Whether the checkpoint holds a table of ``max_position_embeddings`` position rows (RoFormer's sinusoids):
+    its length is then fixed by the weights, and stays as saved."""
+    rows = model.config.max_position_embeddings
+    return any("position" in name and t.shape[:1] == (rows,) for name, t in model.state_dict().items())
 
 
-def prepare_out_dir(out, overwrite: bool, flag: str = "--out", writes_card: bool = False) -> Path:
-    """``out`` created; with ``overwrite`` the files written there replace their namesakes and every other file
-    stays (nothing is removed)."""
-    return outputs.prepare_dir(out, overwrite, flag, writes_card)
+def save_extended(path, rope_type, factor, out, records, plot=None, extra=None, model_id=None, length=None) -> Path:
+    """Save the model patched with ``rope_type`` into the folder ``out``: weights, a config carrying the rope
+    parameters, the tokenizer and the model card (whose README.md path is returned); ``model_id``: the folder the card
+    names (default ``out``; a staging folder is renamed after this).
 
-
-def save_extended(path, rope_type, factor, out, records, plot=None, extra=None) -> Path:
-    """Save the model patched with ``rope_type`` into ``out`` (made by ``prepare_out_dir``): weights, a config
-    carrying the rope parameters, the tokenizer and the model card (whose README.md path is returned)."""
+    The config states the extended length ``length`` (default ``factor`` x L0) as ``max_position_embeddings``, what
+    transformers, vLLM or TGI read as the model's context, and L0 as ``original_max_position_embeddings`` in the rope
+    parameters wherever the type takes it (see ``configure.pretraining_length``, ``extended_max_positions``)."""
     from transformers import AutoConfig
 
     path = loading.check_model_path(path)
     config = AutoConfig.from_pretrained(path)
-    params = run_parameters(config, rope_type, factor, loading.pretraining_length(config), extra)
+    pretrain = loading.pretraining_length(config)
+    params = run_parameters(config, rope_type, factor, pretrain, extra)
     if params is None:
         raise ValueError(
             "rope_type: --out saves a patched model and needs --rope-type (and --factor where it takes one)"
         )
     model = loading.load_model(path, params)
+    if not has_position_table(model):
+        model.config.max_position_embeddings = extended_max_positions(rope_type, pretrain, length or factor * pretrain)
     model.save_pretrained(out)
     loading.load_tokenizer(path).save_pretrained(out)
     return cards.write_model_card(
@@ -181,6 +202,7 @@ def save_extended(path, rope_type, factor, out, records, plot=None, extra=None) 
         rope_layout=layout_of(config),
         results=records,
         plot=plot,
+        model_id=str(Path(model_id or out).resolve()),
         training=None,
         license=None,
         tags=None,

@@ -6,7 +6,7 @@ refuses, and each load dequantizes again (about 20 s for a 135M model). :func:`c
 weights as a plain safetensors checkpoint (the same architecture built from the GGUF's config without the
 quantization record), with the tokenizer and a card naming the source file; :func:`model_folder` does that once per
 file into a cache folder keyed by the file's content, so every command that takes a model folder takes a ``.gguf``
-file too.
+file too. A file with llama.cpp's rope scaling keys (``gguf_rope``) gets them as its config's ``rope_parameters``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,15 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
+
+from . import gguf_rope
+from .files import reading
+from .outputs import apply_umask
+
+GGUF_REMEDY = "a damaged or incomplete GGUF file (download it again), or one transformers' GGUF reader cannot read"
 
 GGUF_SUFFIX = ".gguf"
 CARD = """---
@@ -39,7 +46,8 @@ undone: these are the quantized model's weights, not the original checkpoint's.
 
 
 def is_gguf(path) -> bool:
-    return str(path).lower().endswith(GGUF_SUFFIX)
+    """Does ``path`` (a str or path; anything else is not) name a ``.gguf`` file?"""
+    return isinstance(path, (str, os.PathLike)) and str(path).lower().endswith(GGUF_SUFFIX)
 
 
 def cache_root() -> Path:
@@ -84,8 +92,9 @@ def load_dequantized(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        with reading(path, GGUF_REMEDY, also=(struct.error, ValueError, KeyError, IndexError)):
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except ImportError as err:  # the gguf package is missing
         raise OSError(f"reading {str(path)!r} needs the gguf package: pip install gguf ({err})") from None
     return model, tokenizer
@@ -103,17 +112,18 @@ def convert_gguf(src, dst, dtype: str = "bfloat16", license: str = "other", base
     model, tokenizer = load_dequantized(src)
     config = model.config
     config.__dict__.pop("quantization_config", None)  # what save_pretrained refuses; the weights are dequantized
+    declared = gguf_rope.rope_parameters_of(src)  # llama.cpp's rope scaling keys, which transformers skips
+    if declared is not None:
+        config.rope_parameters = declared
     clean = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     clean.load_state_dict(model.state_dict())
     dst.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp makes it 0700: the folder gets the user's usual permissions
     try:
         clean.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "README.md").write_text(card(src, config, dtype, license, base, note), encoding="utf-8")
+        apply_umask(staging)  # mkdtemp makes it 0700 and safetensors its files 0600: the user's usual permissions
         staging.rename(dst)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

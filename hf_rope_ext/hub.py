@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cards import MARKER, is_repo_id, write_model_card
+from .files import check_file, read_json
 from .registry import BUILTIN_TYPES, get_method
 
 # the first argument of the card's loading call, or the adapter path of the adapter snippet
@@ -59,22 +60,24 @@ def push(
     *,
     private: bool = False,
     dry_run=None,
+    overwrite: bool = False,
     token: str | None = None,
     base_model_id: str | None = None,
     commit_message: str = "Upload with hf-rope-ext",
     report: Callable[[str], None] | None = None,
 ) -> str:
-    """Upload ``src`` to ``repo_id`` (or write what would be uploaded to ``dry_run``); returns the URL or folder.
-    ``report`` receives the file list before anything is written or uploaded."""
+    """Upload ``src`` to ``repo_id`` (or write what would be uploaded to ``dry_run``, an existing folder only with
+    ``overwrite``); returns the URL or folder. ``report`` receives the file list before anything is written."""
     src = Path(src)
+    stage = None if dry_run is None else dry_run_stage(Path(dry_run), src, overwrite)
     check_repo_id(repo_id, "--repo-id")
     if base_model_id is not None:
         check_repo_id(base_model_id, "--base-model-id")
     plan = upload_plan(src, repo_id, base_model_id)
     for line in plan.describe() if report else ():
         report(line)
-    if dry_run is not None:
-        return str(write_plan(plan.files, Path(dry_run), src))
+    if stage is not None:
+        return str(write_plan(plan.files, stage))
     return upload(plan.files, repo_id, private=private, token=resolve_token(token), commit_message=commit_message)
 
 
@@ -114,6 +117,8 @@ def upload_plan(src: Path, repo_id: str, base_model_id: str | None = None) -> Up
     """What goes up (see the module docstring); ValueError for a base named by a local path without an id."""
     kind = directory_kind(src)
     files, left_out = reader_files(src)
+    for path in files.values():  # what goes up must be readable: a damaged file is named before anything is written
+        check_file(path)
     readme = src / "README.md"
     text = readme.read_text(encoding="utf-8", errors="replace") if readme.is_file() else None
     ours = text if text and MARKER in text else None
@@ -191,18 +196,24 @@ def with_base_model(text: str, base_model_id: str, local: str | None) -> str:
     return BASE_LINE.sub(lambda _: f"Base model: `{base_model_id}`.", text)
 
 
-def write_plan(plan: dict[str, Path | bytes], folder: Path, src: Path) -> Path:
-    """The dry run: ``folder`` (new or empty, outside ``src``) holds exactly what would be uploaded."""
-    from .outputs import check_dir
+def dry_run_stage(folder: Path, src: Path, overwrite: bool):
+    """The dry run's output folder, outside ``src``: new, empty, or with ``overwrite`` the files a dry run writes
+    replaced (``outputs.Staged``: written beside it, renamed at the end)."""
+    from .outputs import Staged
 
-    check_dir(folder, False, "--dry-run")
     if src.resolve() in (folder.resolve(), *folder.resolve().parents):
         raise ValueError(f"--dry-run folder {str(folder)!r} must lie outside SRC {str(src)!r}")
-    for name, item in plan.items():
-        target = folder / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(item, target) if isinstance(item, Path) else target.write_bytes(item)
-    return folder
+    return Staged(folder, overwrite, "--dry-run")
+
+
+def write_plan(plan: dict[str, Path | bytes], stage) -> Path:
+    """The dry run: ``stage``'s folder holds exactly what would be uploaded."""
+    with stage as folder:
+        for name, item in plan.items():
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(item, target) if isinstance(item, Path) else target.write_bytes(item)
+    return stage.target
 
 
 def resolve_token(token: str | None) -> str:
@@ -237,4 +248,4 @@ def _is_placeholder(text: str) -> bool:
 
 
 def _json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return read_json(path) if path.is_file() else {}

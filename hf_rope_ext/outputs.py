@@ -6,10 +6,13 @@
 - a ``README.md`` that hf-rope-ext did not generate is never replaced: a command that writes a model card there
   refuses, naming the file.
 
-Commands that build a whole folder (``export``, ``convert-layout``) write it to a staging folder beside the target
-(:class:`Staged`) and move the files in at the end, so a failure leaves the target as it was. They also record what
-they wrote in :data:`MANIFEST`, so that a later ``--overwrite`` removes the package's own stale files (the shards of
-a model now written unsharded) and nothing else.
+Every command writes into a temporary sibling of its target and renames at the end, so a failure leaves the target
+as it was and nothing beside it: a folder through :class:`Staged` (``extend``, ``export``, ``convert-layout``, ``push
+--dry-run``, GGUF conversion; ``finetune`` keeps a run that can be resumed, see ``train.finetune``), single files
+through :func:`write_files` (``eval --json/--plot/--needle``). A staged folder records what it wrote in
+:data:`MANIFEST`, so that a later ``--overwrite`` removes the package's own stale files (the shards of a model now
+written unsharded) and nothing else. What is moved into place gets the permissions of the user's umask (temporary
+folders are made 0700 and safetensors writes its files 0600; a colleague on the same server must read them).
 """
 
 from __future__ import annotations
@@ -61,14 +64,6 @@ def card_is_ours(path: Path) -> bool:
     return not path.is_file() or is_generated_card(path.read_text(encoding="utf-8", errors="replace"))
 
 
-def prepare_dir(path, overwrite: bool, flag: str, writes_card: bool = False) -> Path:
-    """The folder, checked and created, for a command that writes into it directly; nothing in it is removed."""
-    check_dir(path, overwrite, flag, writes_card)
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 class Staged:
     """``with Staged(dst, overwrite, "DST") as tmp:`` write into ``tmp``; on success the files move into ``dst``.
 
@@ -116,11 +111,13 @@ def commit(staging: Path, target: Path) -> tuple[list[str], list[str], list[str]
     made = sorted({p.parent.as_posix() for p in map(Path, written)} - {"."})
     if not target.exists():
         _write_manifest(staging, written, made)
+        apply_umask(staging)
         staging.rename(target)
         staging.mkdir()  # the caller removes the (now empty) staging folder
         return written, [], []
     before = _read_manifest(target)
     created = {d for d in made if not (target / d).exists()}
+    apply_umask(staging)
     for name in written:
         (target / name).parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging / name, target / name)
@@ -149,3 +146,39 @@ def _read_manifest(folder: Path) -> dict:
 
 def _write_manifest(folder: Path, files: list[str], dirs: list[str]) -> None:
     (folder / MANIFEST).write_text(json.dumps({"files": files, "dirs": dirs}, indent=1) + "\n", encoding="utf-8")
+
+
+def write_files(writers: dict) -> list[Path]:
+    """``{path: write}``: each ``write(tmp)`` fills a temporary sibling of ``path`` (same suffix, so plots keep their
+    format); once every one has succeeded they are renamed over their paths, else all are removed."""
+    staged: dict[Path, Path] = {}
+    try:
+        for path, write in writers.items():
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle, name = tempfile.mkstemp(prefix=f".{path.stem}.partial-", suffix=path.suffix, dir=path.parent)
+            os.close(handle)
+            staged[path] = Path(name)
+            write(staged[path])
+        for path, tmp in staged.items():
+            apply_umask(tmp)
+            os.replace(tmp, path)
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+    return list(staged)
+
+
+def user_umask() -> int:
+    """The process' umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path) -> None:
+    """``path`` and, for a folder, everything under it: mode 0666 (files) / 0777 (folders) less the umask."""
+    mask, path = user_umask(), Path(path)
+    for item in [path, *(path.rglob("*") if path.is_dir() else ())]:
+        if not item.is_symlink():
+            item.chmod((0o777 if item.is_dir() else 0o666) & ~mask)

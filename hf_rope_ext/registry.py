@@ -13,10 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 from .attention.methods import METHODS as ATTENTION_METHODS
+from .builtin_types import BUILTIN_CHECKS, BUILTIN_PARAMS, BUILTIN_SUMMARIES, BUILTIN_TYPES
 from .declare import COMMON_KEYS, REQUIRED, CheckFn, FrequencyFn, Param, RopeMethod
+from .did_you_mean import did_you_mean, typo_of
 from .frequencies import METHODS as FREQUENCY_METHODS
 
 __all__ = [
+    "BUILTIN_SUMMARIES",
+    "BUILTIN_TYPES",
     "COMMON_KEYS",
     "REQUIRED",
     "CheckFn",
@@ -34,8 +38,17 @@ __all__ = [
     "on_register",
     "param_value",
     "register",
+    "type_spec",
     "validate",
 ]
+
+# Keys every type of the package accepts besides its own.
+PACKAGE_KEYS = {
+    "original_max_position_embeddings": Param(
+        default=None, kind="int", minimum=1, help="L0, the pretraining length (default max_position_embeddings)"
+    )
+}
+
 
 def example_parameters(method: RopeMethod, factor: float = 2.0) -> dict:
     """A valid ``rope_parameters`` dict for ``method``: its example, else required keys filled from their specs."""
@@ -80,8 +93,8 @@ def off_register(callback: Callable[[RopeMethod], None]) -> None:
 def get_method(name: str) -> RopeMethod:
     if name not in _METHODS:
         raise KeyError(
-            f"rope_type={name!r} is not a type of hf_rope_ext; known: {sorted(_METHODS)} "
-            f"(transformers' own: {sorted(BUILTIN_TYPES)})"
+            f"rope_type={name!r} is not a type of hf_rope_ext{did_you_mean(name, [*_METHODS, *BUILTIN_TYPES])}; "
+            f"known: {sorted(_METHODS)} (transformers' own: {sorted(BUILTIN_TYPES)})"
         )
     return _METHODS[name]
 
@@ -117,36 +130,49 @@ class RopeParameterError(KeyError, ValueError):
 
 
 def validate(rope_parameters: dict, config: Any = None) -> None:
-    """Check one flat ``rope_parameters`` dict of this package's types; raise naming key, value and what is allowed.
+    """Check one flat ``rope_parameters`` dict of any type, the package's or transformers' own (the one place that
+    does: ``rope_parameters_for``, the command and, for the package's types, ``from_pretrained`` call it); raise
+    naming the key, the value and what is allowed.
 
     As transformers orders it: missing required keys first (KeyError), then keys the type does not take and values
-    (:class:`RopeParameterError`), then a missing rope_theta (KeyError), then the method's cross-parameter checks.
+    (:class:`RopeParameterError`), then a missing rope_theta (KeyError), then the type's cross-parameter checks.
     """
     rope_type = rope_parameters.get("rope_type", rope_parameters.get("type"))
-    method = get_method(rope_type)
+    params, check = type_spec(rope_type)
     ignore = set(getattr(config, "ignore_keys_at_rope_validation", None) or ())
     given = {k: v for k, v in rope_parameters.items() if k not in ignore}
-    _check_required(rope_type, method, given)
-    allowed = {**COMMON_KEYS, **method.params}
+    _check_required(rope_type, params, given)
+    allowed = {**COMMON_KEYS, **params}
     for key, value in given.items():
         if key not in allowed:
+            names = sorted(k for k in allowed if k != "type")
             raise RopeParameterError(
-                f"rope_parameters[{key!r}]={value!r} is not a parameter of rope_type={rope_type!r}; "
-                f"allowed keys: {sorted(k for k in allowed if k != 'type')}"
+                f"rope_parameters[{key!r}]={value!r} is not a parameter of rope_type={rope_type!r}"
+                f"{did_you_mean(key, names)}; allowed keys: {names}"
             )
         if key not in ("rope_type", "type"):
             _check_value(rope_type, key, value, allowed[key])
     _check_theta(rope_type, given)
-    if method.check is not None:
-        method.check(rope_parameters, config)
+    if check is not None:
+        check(rope_parameters, config)
 
 
-def _check_required(rope_type: str, method: RopeMethod, given: dict) -> None:
-    for key, spec in method.params.items():
+def type_spec(rope_type: str) -> tuple[dict[str, Param], CheckFn | None]:
+    """(parameters, cross-parameter check) of a rope type, transformers' own or the package's (KeyError if unknown).
+    Every type of the package takes ``original_max_position_embeddings``: a saved extended model records L0 there."""
+    if rope_type in BUILTIN_PARAMS:
+        return BUILTIN_PARAMS[rope_type], BUILTIN_CHECKS.get(rope_type)
+    method = get_method(rope_type)
+    return {**method.params, **{k: v for k, v in PACKAGE_KEYS.items() if k not in method.params}}, method.check
+
+
+def _check_required(rope_type: str, params: dict[str, Param], given: dict) -> None:
+    unknown = [k for k in given if k not in params and k not in COMMON_KEYS]
+    for key, spec in params.items():
         if spec.default is REQUIRED and given.get(key) is None:
             raise KeyError(
                 f"rope_parameters[{key!r}] is required for rope_type={rope_type!r} "
-                f"({spec.describe_allowed()}: {spec.help})"
+                f"({spec.describe_allowed()}: {spec.help}){typo_of(key, unknown)}"
             )
 
 
@@ -160,26 +186,29 @@ def _check_theta(rope_type: str, given: dict) -> None:
 
 
 def _check_value(rope_type: str, key: str, value: Any, spec: Param) -> None:
-    def fail() -> None:
+    if value is None and spec.default is not REQUIRED:
+        return
+    if spec.kind == "numbers":
+        ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(_fits(v, spec) for v in value)
+    else:
+        ok = _fits(value, spec)
+    if not ok:
         raise RopeParameterError(
             f"rope_parameters[{key!r}]={value!r} is invalid for rope_type={rope_type!r}: "
             f"expected {spec.describe_allowed()}"
         )
 
-    if value is None and spec.default is not REQUIRED:
-        return
+
+def _fits(value: Any, spec: Param) -> bool:
+    """Whether one value has the spec's type and lies in its range (a list's items, for ``numbers``)."""
     if spec.kind == "bool":
-        if not isinstance(value, bool):
-            fail()
-        return
+        return isinstance(value, bool)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        fail()
+        return False
     if spec.kind == "int" and not float(value).is_integer():
-        fail()
-    if spec.minimum is not None and value < spec.minimum:
-        fail()
-    if spec.exclusive_minimum is not None and value <= spec.exclusive_minimum:
-        fail()
+        return False
+    too_low = spec.minimum is not None and value < spec.minimum
+    return not too_low and not (spec.exclusive_minimum is not None and value <= spec.exclusive_minimum)
 
 
 def param_value(rope_parameters: dict, method: RopeMethod, key: str) -> Any:
@@ -191,51 +220,6 @@ def param_value(rope_parameters: dict, method: RopeMethod, key: str) -> Any:
 def filled(rope_parameters: dict, method: RopeMethod) -> dict:
     """``rope_parameters`` with ``method``'s defaults for keys absent or None."""
     return {**rope_parameters, **{k: param_value(rope_parameters, method, k) for k in method.params}}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# transformers' own types, for the ``list`` table and for error messages (their code stays transformers')
-
-BUILTIN_TYPES: dict[str, dict[str, Any]] = {
-    "default": {},
-    "linear": {"factor": REQUIRED},
-    "dynamic": {"factor": REQUIRED},
-    "yarn": {
-        "factor": REQUIRED,
-        "original_max_position_embeddings": "max_position_embeddings",
-        "attention_factor": "0.1 ln(factor) + 1",
-        "beta_fast": 32,
-        "beta_slow": 1,
-        "mscale": None,
-        "mscale_all_dim": None,
-        "truncate": True,
-    },
-    "longrope": {
-        "short_factor": REQUIRED,
-        "long_factor": REQUIRED,
-        "original_max_position_embeddings": REQUIRED,
-        "factor": None,
-        "attention_factor": None,
-    },
-    "llama3": {
-        "factor": REQUIRED,
-        "original_max_position_embeddings": REQUIRED,
-        "low_freq_factor": REQUIRED,
-        "high_freq_factor": REQUIRED,
-    },
-}
-
-BUILTIN_TYPES["proportional"] = {"partial_rotary_factor": 1.0}  # transformers 5.23 (Gemma 4)
-
-BUILTIN_SUMMARIES = {
-    "proportional": "default frequencies over the whole head_dim, the last 1 - partial_rotary_factor of them zero",
-    "default": "plain RoPE, theta_i = b^(-2i/d)",
-    "linear": "position interpolation: theta_i / s",
-    "dynamic": "dynamic NTK: base grows with seq_len beyond max_position_embeddings",
-    "yarn": "NTK-by-parts frequencies and attention factor 0.1 ln(s) + 1",
-    "longrope": "per-pair rescale factors, short and long sets switched at L0",
-    "llama3": "Llama 3.1 three-band schedule",
-}
 
 
 for _method in (*FREQUENCY_METHODS, *ATTENTION_METHODS):  # the package's own methods, declared in their modules

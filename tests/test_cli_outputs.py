@@ -4,6 +4,7 @@ hf-rope-ext did not write is never replaced, and the package removes only its ow
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -89,3 +90,36 @@ def test_export_overwrite_removes_its_stale_shards_and_keeps_the_users_files(tmp
         p.name for p in dst.iterdir() if p.name not in ("notes.md", outputs.MANIFEST)
     )
     assert hf_rope_ext.available_rope_types()  # the package stays usable after the CLI ran in-process
+
+
+def modes(folder) -> set[tuple[str, int]]:
+    """(kind, permission bits) of ``folder`` and everything in it."""
+    paths = [folder, *folder.rglob("*")] if folder.is_dir() else [folder]
+    return {("dir" if p.is_dir() else "file", p.stat().st_mode & 0o777) for p in paths}
+
+
+def test_what_every_command_writes_gets_the_users_umask(docs_dir, tmp_path, capsys):  # noqa: F811
+    """A colleague on the same server reads the outputs as the user's umask allows (safetensors writes 0600, a
+    staging folder is made 0700)."""
+    from conftest import save_byte_llama
+
+    model, base = save_tiny(tmp_path / "tiny"), save_byte_llama(tmp_path / "base", 32)
+    rope = ["--rope-type", "ntk", "--factor", "2"]
+    measures = ["--data", str(docs_dir), "--documents", "1", "--passkey-depths", "0", "--last-chunk", "16"]
+    commands = {
+        "extend": ["extend", "--model", str(model), *rope, *measures, "--out", str(tmp_path / "extend")],
+        "eval": ["eval", "--model", str(model), *measures, "--lengths", "64", "--json", str(tmp_path / "eval.json")],
+        "export": ["export", str(tmp_path / "extend"), str(tmp_path / "export")],
+        "convert-layout": ["convert-layout", str(tmp_path / "extend"), str(tmp_path / "layout"), "--to", "interleaved"],
+        "push": ["push", str(tmp_path / "export"), "--repo-id", "me/x", "--dry-run", str(tmp_path / "push")],
+        "finetune": ["finetune", "--model", str(base), "--data", str(docs_dir), "--out", str(tmp_path / "finetune")]
+        + ["--rope-type", "ntk", "--length", "64", "--max-steps", "2", "--save-every", "1", "--merge"],
+    }
+    previous = os.umask(0o027)
+    try:
+        for name, argv in commands.items():
+            assert main([*argv, "--no-progress"]) == 0, (name, capsys.readouterr().err)
+            written = tmp_path / {"eval": "eval.json", "convert-layout": "layout"}.get(name, name)
+            assert modes(written) <= {("file", 0o640), ("dir", 0o750)}, (name, modes(written))
+    finally:
+        os.umask(previous)

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -140,26 +139,27 @@ def test_two_processes_resume_exactly(setup, two):
 
 
 def test_ctrl_c_saves_a_checkpoint_and_its_resume_command_finishes_the_run(setup):
-    """SIGINT after the first logged step: exit 130 with a short message, a checkpoint at the step reached, and a
-    printed command that resumes into the same --out, after which the log has every step exactly once."""
-    out, steps = setup / "interrupted", 40
-    command = [sys.executable, "-m", "hf_rope_ext", "finetune", *argv(setup, out, batch_size=2, max_steps=steps)]
+    """SIGINT during a run: exit 130 with a short message, a checkpoint at the step reached, and a printed command
+    that resumes into the same --out, after which the log has every step exactly once. The run waits after its first
+    step until the SIGINT has arrived (tests/pause_after_first_step.py), so it cannot end before it, however loaded
+    the machine: the signal stops it after step 2."""
+    out, steps = setup / "interrupted", 6
+    words = ["finetune", *argv(setup, out, batch_size=2, max_steps=steps, save_every=0)]
+    command = [sys.executable, str(Path(__file__).with_name("pause_after_first_step.py")), *words]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    log = out / "logs" / "train_log.csv"
-    deadline = time.monotonic() + 300
-    while not (log.is_file() and len(log.read_text().splitlines()) > 1) and process.poll() is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    while (line := process.stdout.readline()) and not line.startswith("paused after step 1"):
+        pass
+    assert line, process.communicate()[1][-3000:]  # the run ended (an error) before its first step was logged
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=300)
+    _, stderr = process.communicate(timeout=600)
     assert process.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr
     message = stderr[stderr.index("hf-rope-ext finetune: interrupted") :].splitlines()
     assert len(message) == 3 and message[1] == "resume with:"
     done = len(log_rows(out)) - 1
     checkpoint = out / "checkpoints" / f"step-{done:06d}"
-    assert 1 <= done < steps and (checkpoint / "trainer_state.json").is_file()
+    assert done == 2 and (checkpoint / "trainer_state.json").is_file()
     assert not (out / "adapter_model.safetensors").exists()
     resume = shlex.split(message[2])
     assert resume[:4] == ["python", "-m", "hf_rope_ext", "finetune"]
@@ -167,6 +167,30 @@ def test_ctrl_c_saves_a_checkpoint_and_its_resume_command_finishes_the_run(setup
     assert main(resume[3:]) == 0  # the printed command's arguments, parsed as the command parses them
     assert [r[0] for r in log_rows(out)[1:]] == [str(s) for s in range(1, steps + 1)]
     assert (out / "adapter_model.safetensors").is_file()
+
+
+def test_ctrl_c_while_the_last_checkpoint_is_written_stops_the_run_there(setup, monkeypatch):
+    """A SIGINT after the last step's stop check (while its checkpoint is written) was swallowed: the run went on to
+    evaluate and save and exited 0. It stops there now, with that checkpoint, whose resume finishes the run."""
+    from hf_rope_ext.train import loop
+
+    stock = loop.save_checkpoint
+
+    def save_checkpoint(accelerator, directory, step, plan):
+        if step == 3:
+            signal.raise_signal(signal.SIGINT)  # handled by the run's stop request, as a Ctrl-C would be
+        return stock(accelerator, directory, step, plan)
+
+    monkeypatch.setattr(loop, "save_checkpoint", save_checkpoint)
+    out = setup / "last-step"
+    options = dict(OPTIONS, model=str(setup / "base"), data=[str(setup / "data")], out=str(out), max_steps=3)
+    with pytest.raises(loop.Interrupted) as stopped:
+        finetune(FinetuneConfig(**options))
+    assert stopped.value.step == 3 and stopped.value.checkpoint == out / "checkpoints" / "step-000003"
+    assert (stopped.value.checkpoint / "trainer_state.json").is_file() and not (out / "adapter_config.json").exists()
+    monkeypatch.undo()
+    finetune(FinetuneConfig(**options, resume_from=str(stopped.value.checkpoint)))
+    assert [r[0] for r in log_rows(out)[1:]] == ["1", "2", "3"] and (out / "adapter_model.safetensors").is_file()
 
 
 def test_a_resumed_log_drops_the_rows_after_its_checkpoint(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 
 import pytest
 import torch
@@ -225,7 +226,7 @@ def test_rope_parameters_for_fills_theta_and_pretraining_length():
         ("no_such_type", 2.0, {}, KeyError, "no_such_type"),
         (None, 2.0, {}, ValueError, "without a rope_type"),
         ("dynamic_yarn", 2.0, {}, ValueError, "takes no factor"),
-        ("yarn", 2.0, {"windw": 3}, ValueError, "'windw'=3 is not taken"),
+        ("yarn", 2.0, {"windw": 3}, ValueError, r"\['windw'\]=3 is not a parameter of rope_type='yarn'"),
         ("yarn", None, {}, KeyError, "needs 'factor'"),
     ],
 )
@@ -283,8 +284,10 @@ def test_eval_cli_writes_records(tiny_dir, docs_dir, tmp_path, capsys):
         "--no-progress",
     ]
     assert main(argv) == 0
-    records = json.loads(out.read_text())
+    report = json.loads(out.read_text())
+    records = report["records"]
     assert [(r["rope_type"], r["factor"], r["length"]) for r in records] == [("yarn", 2.0, 256), ("yarn", 2.0, 384)]
+    assert report["metadata"]["command"] == shlex.join(["hf-rope-ext", *argv]) and report["metadata"]["date"]
     assert all(math.isfinite(r["perplexity"]) and "last_chunk_loss" in r for r in records)
     assert "| yarn | 2 | 384 |" in capsys.readouterr().out
     assert needle.read_bytes()[:4] == PNG_MAGIC

@@ -3,17 +3,21 @@ computations on a tiny random Llama (L0 = 64)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 from test_eval import L0, PNG_MAGIC, docs_dir, save_tiny  # noqa: F401  (docs_dir is a fixture)
 
+import hf_rope_ext
 from hf_rope_ext import extend
 from hf_rope_ext.cli import main
-from hf_rope_ext.eval import load_model, load_token_documents, load_tokenizer, passkey_accuracy, report
+from hf_rope_ext.eval import load_model, load_token_documents, load_tokenizer, passkey_accuracy, plots, report
 from hf_rope_ext.eval.far_context import far_context_ratio, sliding_window_baseline, sliding_window_losses
+from hf_rope_ext.eval.metadata import folder_hash
 from hf_rope_ext.eval.passkey import by_depth, compose, passkeys, spread_depths, tokenize_pieces
 from hf_rope_ext.eval.runner import EvalPlan
 
@@ -169,28 +173,66 @@ def test_log_ticks_label_every_range(low, high):
     assert len(set(ticks)) == len(ticks)
 
 
-def test_perplexity_plot_has_a_title_and_y_labels_on_a_narrow_range(tmp_path, monkeypatch):
+def saved_figure(monkeypatch) -> dict:
+    """What the next saved figure shows: per panel its title, y labels and its lines' (label, marker, dash, colour)."""
     import matplotlib.figure
 
     seen = {}
     original = matplotlib.figure.Figure.savefig
 
     def record(fig, *args, **kwargs):  # read the figure as it is saved
-        ax = fig.axes[0]
-        seen.update(title=ax.get_title(), labels=[t.get_text() for t in ax.get_yticklabels()])
-        seen["styles"] = [(ln.get_marker(), ln.get_linestyle(), ln.get_color()) for ln in ax.get_lines()[:-1]]
+        seen["title"] = fig._suptitle.get_text() if fig._suptitle else ""
+        seen["panels"] = [
+            {
+                "title": ax.get_title(),
+                "labels": [t.get_text() for t in ax.get_yticklabels()],
+                "lines": [
+                    (ln.get_label(), ln.get_marker(), ln.get_linestyle(), ln.get_color()) for ln in ax.get_lines()
+                ],
+            }
+            for ax in fig.axes
+        ]
         return original(fig, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
-    names = ["none", "linear", "yarn", "dynamic_yarn", "rerope"]
+    return seen
+
+
+NAMES = ["none", "linear", "yarn", "ntk", "dynamic_yarn", "rerope", "self_extend"]
+
+
+def test_perplexity_plot_has_a_panel_per_level_and_y_labels_on_a_narrow_range(tmp_path, monkeypatch):
+    seen = saved_figure(monkeypatch)
     records = [
         {"rope_type": n, "length": x, "perplexity": 5.0 + 0.01 * i + x / 1e5}
-        for i, n in enumerate(names)
+        for i, n in enumerate(NAMES)
         for x in (64, 128)
     ]
     report.plot_perplexity(records, tmp_path / "p.png", pretraining_length=64)
-    assert seen["title"] and len([t for t in seen["labels"] if t]) >= 3
-    assert len(set(seen["styles"])) == len(names)  # every line its own marker, dash and colour
+    assert seen["title"] and len([t for t in seen["panels"][0]["labels"] if t]) >= 3
+    methods = [[line[0] for line in p["lines"] if not line[0].startswith("_")] for p in seen["panels"]]
+    assert [p["title"] for p in seen["panels"]] == list(plots.LEVELS.values())
+    assert methods == [
+        ["none (as saved)", "linear", "yarn", "pretraining length"],
+        ["none (as saved)", "ntk", "dynamic_yarn", "pretraining length"],
+        ["none (as saved)", "rerope", "self_extend", "pretraining length"],
+    ]
+    for panel in seen["panels"]:  # in a panel every line its own marker, dash and colour
+        styles = [line[1:] for line in panel["lines"] if not line[0].startswith("_")]
+        assert len(set(styles)) == len(styles)
+
+
+def test_far_context_plot_draws_the_ratio_against_the_baseline_at_one(tmp_path, monkeypatch):
+    seen = saved_figure(monkeypatch)
+    records = [
+        {"rope_type": n, "length": x, "far_context_ratio": 0.9 + 0.05 * i * x / 128}
+        for i, n in enumerate(NAMES)
+        for x in (64, 128)
+    ]
+    path = report.plot_far_context(records, tmp_path / "far.png")
+    assert path.read_bytes()[:4] == PNG_MAGIC and "far-context" in seen["title"]
+    for panel in seen["panels"]:
+        assert ("sliding-window baseline", "None", "--", "black") in panel["lines"]
 
 
 def test_extend_writes_report_with_model_documents_date_command(tmp_path, capsys):
@@ -207,6 +249,13 @@ def test_extend_writes_report_with_model_documents_date_command(tmp_path, capsys
     assert f"model: `{model_dir}`" in text and "documents: 1 per length" in text and str(data_dir) in text
     assert "date: 20" in text and "--passkey-depths 2 --passkey-trials 1" in text
     assert "Far-context perplexity ratio" in text and "Passkey accuracy" in text
-    for name in ("report.md", "report.json", "perplexity.png", "passkey.png"):
+    for name in ("report.md", "report.json", "perplexity.png", "far_context.png", "passkey.png"):
         assert str(out / name) in printed
     assert (out / "passkey.png").read_bytes()[:4] == PNG_MAGIC
+    assert (out / "far_context.png").read_bytes()[:4] == PNG_MAGIC  # the far-context ratio, the figure that matters
+    meta = json.loads((out / "report.json").read_text())["metadata"]
+    assert meta["versions"]["hf-rope-ext"] == hf_rope_ext.__version__ and meta["versions"]["torch"] == torch.__version__
+    assert meta["versions"]["transformers"] == transformers.__version__ and meta["model"] == str(model_dir)
+    assert meta["command"].startswith(f"hf-rope-ext extend --model {model_dir} --rope-type yarn")
+    assert meta["model_sha256"] == folder_hash(model_dir) and len(meta["model_sha256"]) == 64
+    assert meta["date"][:2] == "20" and meta["date"] in text and meta["model_sha256"] in text

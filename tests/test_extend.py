@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -104,7 +106,7 @@ def test_extend_out_saves_a_model_that_reloads_to_the_same_logits(tiny_dir, docs
     with torch.no_grad():
         expected = load_model(tiny_dir, saved)(ids).logits
         torch.testing.assert_close(load_model(out)(ids).logits, expected, rtol=0, atol=0)
-    records = json.loads((out / "report.json").read_text())
+    records = json.loads((out / "report.json").read_text())["records"]
     assert {r["rope_type"] for r in records} == {"none", "ntk_by_parts"}
     assert (out / "perplexity.png").is_file() and "ntk_by_parts" in (out / "README.md").read_text()
     assert "| ntk_by_parts |" in (out / "report.md").read_text()
@@ -119,7 +121,7 @@ def test_extend_out_saves_a_model_that_reloads_to_the_same_logits(tiny_dir, docs
         (["--model", "/nonexistent/model"], "not a model directory"),
         (["--rope-type", "bogus"], "bogus"),
         (["--out", "somewhere"], "--rope-type"),
-        (["--rope-type", "yarn", "--rope-param", "nope=1"], "'nope'=1 is not taken"),
+        (["--rope-type", "yarn", "--rope-param", "nope=1"], "['nope']=1 is not a parameter of rope_type='yarn'"),
     ],
 )
 def test_extend_bad_input(tiny_dir, docs_dir, tmp_path, args, message, capsys):  # noqa: F811
@@ -136,3 +138,48 @@ def test_extend_bad_input(tiny_dir, docs_dir, tmp_path, args, message, capsys): 
     ]
     assert main(base + args + ["--no-progress"]) == 2
     assert message in capsys.readouterr().err
+
+
+STOCK_LOAD = """
+import json, sys, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+assert "hf_rope_ext" not in sys.modules
+config = AutoConfig.from_pretrained(sys.argv[1])
+ids = torch.arange(3, 3 + 4 * {L0})[None]
+with torch.no_grad():
+    logits = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()(ids).logits
+print(json.dumps({{"max_position_embeddings": config.max_position_embeddings, "logits": logits.sum().item()}}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("rope_type", "max_positions", "original"),
+    [("yarn", 4 * L0, L0), ("ntk", 4 * L0, L0), ("linear", 4 * L0, None), ("dynamic", L0, None)],
+)
+def test_the_saved_config_states_the_extended_length(tiny_dir, docs_dir, tmp_path, rope_type, max_positions, original):  # noqa: F811
+    """max_position_embeddings is what transformers, vLLM and TGI read as the model's context: the extended length
+    (transformers' dynamic reads it as L0), with L0 in rope_parameters where the type has a key for it; the package
+    reads L0 back, and the saved model gives the logits of the model it evaluated."""
+    from transformers import AutoConfig
+
+    from hf_rope_ext.configure import pretraining_length
+
+    out = tmp_path / "out"
+    argv = ["extend", "--model", str(tiny_dir), "--rope-type", rope_type, "--factor", "4", "--out", str(out)]
+    argv += ["--data", str(docs_dir), "--documents", "1", "--passkey-depths", "0", "--last-chunk", "16"]
+    assert main([*argv, "--no-progress"]) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["max_position_embeddings"] == max_positions
+    assert saved["rope_parameters"].get("original_max_position_embeddings") == original
+    assert pretraining_length(AutoConfig.from_pretrained(out)) == L0
+    ids = torch.arange(3, 3 + 4 * L0)[None]
+    with torch.no_grad():
+        expected = load_model(tiny_dir, saved["rope_parameters"])(ids).logits
+        torch.testing.assert_close(load_model(out)(ids).logits, expected, rtol=0, atol=0)
+    if rope_type == "yarn":  # a type stock transformers knows: loaded by it alone, to the same logits
+        stock = subprocess.run(
+            [sys.executable, "-c", STOCK_LOAD.format(L0=L0), str(out)], capture_output=True, text=True, check=True
+        )
+        read = json.loads(stock.stdout.strip().splitlines()[-1])
+        assert read["max_position_embeddings"] == 4 * L0
+        assert read["logits"] == pytest.approx(expected.sum().item(), rel=1e-6)

@@ -46,7 +46,8 @@ def test_dry_run_folder_is_the_upload_and_loads(saved, tmp_path):
     before = digest(src)
     out = push(src, "someone/tiny-ntk", dry_run=tmp_path / "dry")
     assert digest(src) == before
-    assert sorted(p.name for p in (tmp_path / "dry").iterdir()) == sorted(p.name for p in src.iterdir())
+    uploaded = [p.name for p in (tmp_path / "dry").iterdir() if not p.name.startswith(".")]  # .hf-rope-ext-files.json
+    assert sorted(uploaded) == sorted(p.name for p in src.iterdir())
     for name in ("model.safetensors", "config.json"):
         assert (tmp_path / "dry" / name).read_bytes() == (src / name).read_bytes()
     card = ModelCard.load(tmp_path / "dry" / "README.md")
@@ -160,7 +161,8 @@ def test_push_of_a_run_folder_uploads_what_a_reader_needs_with_the_base_as_a_hub
     out = subprocess.run([sys.executable, "-m", "hf_rope_ext", *argv], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     uploaded = ["README.md", "adapter_config.json", "adapter_model.safetensors", "config.json"]
-    assert sorted(p.name for p in dry.iterdir()) == uploaded and all(p.is_file() for p in dry.iterdir())
+    shown = [p for p in dry.iterdir() if not p.name.startswith(".")]  # hidden: the dry run's own record, never pushed
+    assert sorted(p.name for p in shown) == uploaded and all(p.is_file() for p in shown)
     listed = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("  ")]
     assert listed == uploaded  # the file list is shown before anything is written
     for left in ("checkpoints/ (training state)", "merged/ (the merged model", "logs/", "optimizer.pt"):

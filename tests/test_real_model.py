@@ -7,15 +7,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import hf_rope_ext
-from hf_rope_ext import smollm2
-from hf_rope_ext.eval.multikey import DOORS, multikey_accuracy, prompt_ids
+from hf_rope_ext import from_gguf, smollm2
+from hf_rope_ext.cli import main
+from hf_rope_ext.eval.loading import load_model
+from hf_rope_ext.eval.multikey import OBJECTS, multikey_accuracy, prompt_ids
+from hf_rope_ext.train.prepare import load_adapter
 
+ROOT = Path(__file__).resolve().parents[1]
 IDS = list(range(100, 356))  # 256 ordinary tokens
 
 
@@ -99,5 +104,38 @@ def test_a_multikey_prompt_has_its_length_and_every_needle(real_model_dir):
     ids = prompt_ids(tokenizer, 1000, [11111, 22222, 33333])
     text = tokenizer.decode(ids)
     assert len(ids) == 1000
-    assert [text.count(f"{k} is the pass key of the {n}") for n, k in zip(DOORS, (11111, 22222, 33333))] == [1, 1, 1]
+    keys = (11111, 22222, 33333)
+    counts = [text.count(f"{k} is the pass key of the {n}") for n, k in zip(OBJECTS, keys, strict=False)]
+    assert counts == [1, 1, 1]
     assert text.index("11111") < text.index("22222") < text.index("33333")
+
+
+def test_the_gguf_file_itself_is_a_model_input(real_model_dir):
+    """The GGUF file where a model folder goes: the same rope parameters and logits as the converted folder."""
+    gguf = smollm2.gguf_file()
+    params = hf_rope_ext.rope_parameters_for(gguf, "yarn", factor=2.0)
+    assert params == hf_rope_ext.rope_parameters_for(real_model_dir, "yarn", factor=2.0)
+    assert torch.equal(logits(load_model(gguf, params)), logits(load_model(real_model_dir, params)))
+
+
+def test_a_yarn_gguf_for_llama_cpp_loads_back_with_its_rope(real_model_dir, tmp_path):
+    """`hf-rope-ext gguf` writes yarn x4 as llama.cpp's keys; loading that file gives yarn x4 and the logits of the
+    original file loaded with yarn x4 (the tensors are copied as they are)."""
+    out = tmp_path / "yarn4.gguf"
+    assert main(["gguf", str(smollm2.gguf_file()), "--rope-type", "yarn", "--factor", "4", "--out", str(out)]) == 0
+    params = hf_rope_ext.rope_parameters_for(real_model_dir, "yarn", factor=4.0)
+    config = AutoConfig.from_pretrained(from_gguf.model_folder(out))
+    assert config.rope_parameters == params and config.max_position_embeddings == 32768
+    assert torch.equal(logits(load_model(out)), logits(load_model(real_model_dir, params)))
+
+
+def test_the_shipped_adapter_loads_on_the_real_model_and_changes_its_output(real_model_dir):
+    """examples/smollm2-yarn4-pose-lora (yarn x4, PoSE LoRA): loaded on the converted SmolLM2 with its extended
+    config, the base gets yarn x4 and the adapter moves the logits; merged, it gives the same logits."""
+    adapter = ROOT / "examples" / "smollm2-yarn4-pose-lora"
+    model = load_adapter(str(adapter), base=str(real_model_dir), dtype=torch.float32).eval()
+    params = hf_rope_ext.rope_parameters_for(real_model_dir, "yarn", factor=4.0)
+    assert model.config.rope_parameters == params
+    tuned, plain = logits(model), logits(load(real_model_dir, rope_parameters=params))
+    assert torch.isfinite(tuned).all() and (tuned - plain).abs().max() > 0.1
+    torch.testing.assert_close(logits(model.merge_and_unload()), tuned, rtol=1e-4, atol=1e-4)

@@ -9,7 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
+
+from ..did_you_mean import did_you_mean
+from .errors import out_of_memory, out_of_memory_message
 
 # subcommand name -> module under hf_rope_ext.cli (modules import heavy libraries inside run(), not at import)
 COMMANDS = {
@@ -21,8 +25,14 @@ COMMANDS = {
     "export": "export",
     "push": "push",
     "get-smollm2": "get_smollm2",
+    "gguf": "gguf",
 }
 NO_TRANSFORMERS = ("list",)  # subcommands that run without registering into transformers
+# library -> (environment variable read at its import, its function that turns its bars off later)
+LIBRARY_BARS = {
+    "huggingface_hub": ("HF_HUB_DISABLE_PROGRESS_BARS", "huggingface_hub.utils.disable_progress_bars"),
+    "datasets": ("HF_DATASETS_DISABLE_PROGRESS_BARS", "datasets.utils.logging.disable_progress_bar"),
+}
 # Errors of bad input or of the file system: one line on stderr, exit status 2; anything else is a bug (traceback).
 USER_ERRORS = (ValueError, KeyError, OSError)
 
@@ -33,11 +43,24 @@ def build_parser() -> argparse.ArgumentParser:
         description="RoPE context extension for Hugging Face transformers: rope types, layouts, LoRA, evaluation.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.commands = {}  # name -> the subcommand's parser, for its own usage line on a misspelled flag
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"{__name__}.{module_name}")
-        sub_parser = module.add_parser(sub, name)
-        sub_parser.set_defaults(_run=module.run)
+        parser.commands[name] = module.add_parser(sub, name)
+        parser.commands[name].set_defaults(_run=module.run)
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, except that an argument the subcommand does not know is refused by the subcommand's
+    parser (its usage, not the top-level one), naming the argument and the closest flag it has."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = parser.commands[args.command]
+        flags = [flag for action in command._actions for flag in action.option_strings if flag.startswith("--")]
+        first = next((item.split("=", 1)[0] for item in unknown if item.startswith("-")), "")
+        command.error(f"unrecognized arguments: {' '.join(unknown)}{did_you_mean(first, flags) if first else ''}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(build_parser(), argv)
+        args._command = shlex.join(["hf-rope-ext", *(sys.argv[1:] if argv is None else argv)])  # for reports
     except SystemExit as stop:  # --help (0), or a usage error argparse has printed with the usage (2)
         return stop.code if isinstance(stop.code, int) else int(stop.code is not None)
     quiet_progress(args)
@@ -65,30 +89,38 @@ def _main(argv: list[str] | None) -> int:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"hf-rope-ext {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except Exception as err:
+        if not out_of_memory(err):
+            raise  # a bug: the traceback is what a report needs
+        print(f"hf-rope-ext {args.command}: error: {out_of_memory_message(args.command, err)}", file=sys.stderr)
+        return 1
 
 
 def quiet_progress(args) -> None:
-    """``--no-progress``, or a stderr that is not a terminal (a log file, a pipe): no progress bars at all, neither
-    this package's nor transformers' ("Loading weights") nor huggingface_hub's / datasets'."""
-    args._quiet = getattr(args, "no_progress", False) or not sys.stderr.isatty()
+    """The one progress switch (``hf_rope_ext.progress``): nothing with ``--no-progress``, bars on a terminal, plain
+    periodic lines when stderr is a file or a pipe. Other libraries' bars (huggingface_hub's, datasets') show only as
+    bars on a terminal; transformers' "Loading weights" never (a command loads many models; its own loops report)."""
+    from .. import progress
+
+    args._quiet = progress.configure(enabled=not getattr(args, "no_progress", False)) != "bars"
     if not args._quiet:
         return
-    if hasattr(args, "no_progress"):
-        args.no_progress = True
-    if "transformers" not in sys.modules:  # the command's own process: these are read when the libraries load
-        for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS", "TQDM_DISABLE"):
-            os.environ[name] = "1"
+    os.environ["TQDM_DISABLE"] = "1"
+    for module, (variable, switch) in LIBRARY_BARS.items():
+        if module in sys.modules:  # already loaded (the command called from Python): its own switch
+            getattr(importlib.import_module(switch.rsplit(".", 1)[0]), switch.rsplit(".", 1)[1])()
+        else:  # read when the library loads
+            os.environ[variable] = "1"
 
 
 def load_package(args) -> None:
-    """Register the package into transformers; silence transformers' own bars when the command is quiet."""
+    """Register the package into transformers; silence transformers' own bars (see ``quiet_progress``)."""
     import hf_rope_ext
 
     hf_rope_ext.load()
-    if args._quiet:
-        from transformers.utils import logging
+    from transformers.utils import logging
 
-        logging.disable_progress_bar()
+    logging.disable_progress_bar()
 
 
 if __name__ == "__main__":

@@ -92,6 +92,15 @@ def add_rope_arguments(
     )
 
 
+def progress_argument(parser) -> None:
+    """--no-progress, for every command that runs loops (``hf_rope_ext.progress``)."""
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress output at all (default: bars on a terminal, else a plain line every 15 s)",
+    )
+
+
 def model_argument(parser, hub: bool = False) -> None:
     where = "model folder or Hub repo id" if hub else "model folder (with config.json)"
     parser.add_argument("--model", default=None, help=f"{where}; default: the bundled tiny-llama-stdlib")

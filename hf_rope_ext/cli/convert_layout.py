@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .args import progress_argument
+
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -29,6 +31,7 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
         metavar="DIR",
         help="for an adapter: the base model's directory (or its config.json); default: base_model_name_or_path",
     )
+    progress_argument(parser)
     return parser
 
 

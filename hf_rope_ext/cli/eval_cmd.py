@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .args import add_rope_arguments, comma_list, length, model_argument, non_negative_int, positive_int
+from .args import (
+    add_rope_arguments,
+    comma_list,
+    length,
+    model_argument,
+    non_negative_int,
+    positive_int,
+    progress_argument,
+)
 
 __all__ = ["add_parser", "add_rope_arguments", "run"]  # add_rope_arguments: also used by `extend`
 
@@ -12,6 +20,13 @@ __all__ = ["add_parser", "add_rope_arguments", "run"]  # add_rope_arguments: als
 def add_parser(subparsers, name):
     parser = subparsers.add_parser(name, help="evaluate a causal LM at several lengths with any rope type")
     model_argument(parser)
+    parser.add_argument(
+        "--adapter",
+        type=Path,
+        default=None,
+        help="a peft LoRA adapter folder to evaluate on its base (--model, else the adapter's base model), unmerged; "
+        "an adapter folder given as --model works too",
+    )
     add_rope_arguments(parser)
     parser.add_argument(
         "--lengths", type=comma_list(length), default=None, help="comma-separated lengths (default: L0, 2 L0, 4 L0)"
@@ -31,18 +46,30 @@ def add_parser(subparsers, name):
     parser.add_argument("--json", type=Path, default=None, help="write the records as JSON here")
     parser.add_argument("--plot", type=Path, default=None, help="write a perplexity-against-length PNG here")
     parser.add_argument("--overwrite", action="store_true", help="replace existing --json/--plot/--needle files")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (also when stderr is no terminal)")
+    progress_argument(parser)
     return parser
 
 
 def run(args) -> int:
     from .. import bundled, outputs
-    from ..eval import EvalPlan, evaluate, load_model, load_tokenizer, loading, needle_grid, parse_rope_params, report
+    from ..eval import (
+        EvalPlan,
+        adapters,
+        evaluate,
+        load_model,
+        load_tokenizer,
+        loading,
+        needle_grid,
+        parse_rope_params,
+        report,
+    )
+    from ..eval.metadata import run_metadata
 
     for flag, path in (("--json", args.json), ("--plot", args.plot), ("--needle", args.needle)):
         outputs.check_file(path, args.overwrite, flag)
-    path = loading.check_model_path(args.model or bundled.default_model_path())
-    pretrain = loading.pretraining_length(loading.load_config(path))
+    path, adapter = adapters.split(args.model, args.adapter)
+    path = path or bundled.default_model_path()
+    pretrain = loading.pretraining_length(loading.load_config(adapters.config_folder(path, adapter)))
     lengths = args.lengths or [pretrain, 2 * pretrain, 4 * pretrain]
     extra = parse_rope_params(args.rope_param)
     plan = EvalPlan(
@@ -53,17 +80,21 @@ def run(args) -> int:
         passkey_trials=args.passkey_trials,
         generate=not args.no_generate,
     )
-    records = evaluate(path, args.rope_type, args.factor, extra, plan, args.data, progress=not args.no_progress)
-    grid = None
+    records = evaluate(path, args.rope_type, args.factor, extra, plan, args.data, not args.no_progress, adapter)
+    grid = depths = None
     if args.needle:  # before writing anything, so a failure leaves no partial outputs
-        model = load_model(path, records[0]["rope_parameters"])
-        grid, depths = needle_grid(model, load_tokenizer(path), lengths, args.needle_depths, args.data)
+        model = load_model(path, records[0]["rope_parameters"], adapter=adapter)
+        tokenizer = load_tokenizer(adapters.config_folder(path, adapter))
+        grid, depths = needle_grid(model, tokenizer, lengths, args.needle_depths, args.data)
     print(report.markdown_table(records))
-    if args.json:
-        print(f"records: {report.write_json(records, args.json)}")
-    if args.plot:
-        print(f"plot: {report.plot_perplexity(records, args.plot, pretrain)}")
-    if grid is not None:
-        title = f"needle in a haystack: {records[0]['rope_type']}" + (f" x{args.factor:g}" if args.factor else "")
-        print(f"needle heatmap: {report.plot_heatmap(grid.numpy(), depths, lengths, args.needle, title)}")
+    title = f"needle in a haystack: {records[0]['rope_type']}" + (f" x{args.factor:g}" if args.factor else "")
+    writers = {
+        args.json: lambda tmp: report.write_json(records, tmp, run_metadata(path, args._command, adapter, args.data)),
+        args.plot: lambda tmp: report.plot_perplexity(records, tmp, pretrain),
+        args.needle: lambda tmp: report.plot_heatmap(grid.numpy(), depths, lengths, tmp, title),
+    }
+    outputs.write_files({path: write for path, write in writers.items() if path is not None})
+    for what, path in (("records", args.json), ("plot", args.plot), ("needle heatmap", args.needle)):
+        if path is not None:
+            print(f"{what}: {path}")
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .args import progress_argument
+
 
 def add_parser(subparsers, name):
     parser = subparsers.add_parser(
@@ -21,6 +23,7 @@ def add_parser(subparsers, name):
     )
     parser.add_argument("--base-model", help="Hub id of the base model, for the model card")
     parser.add_argument("--license", help="license identifier for the model card (e.g. apache-2.0)")
+    progress_argument(parser)
     return parser
 
 

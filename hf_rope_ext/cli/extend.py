@@ -9,7 +9,7 @@ import shlex
 import time
 from pathlib import Path
 
-from .args import comma_list, factor, model_argument, non_negative_int, positive_int
+from .args import comma_list, factor, model_argument, non_negative_int, positive_int, progress_argument
 from .eval_cmd import add_rope_arguments
 
 
@@ -20,8 +20,8 @@ def add_parser(subparsers, name):
     parser.add_argument(
         "--factors",
         type=comma_list(factor),
-        default=[2.0, 4.0, 8.0],
-        help="factors s (>= 1) to compare at s x L0 (default 2,4,8)",
+        default=None,
+        help="factors s (>= 1) to compare at s x L0 (default 2,4,8; 2,4 for a long model, see below)",
     )
     parser.add_argument("--out", type=Path, default=None, help="save the patched model, card and report here")
     parser.add_argument("--report-dir", type=Path, default=None, help="where the report goes without --out")
@@ -30,23 +30,58 @@ def add_parser(subparsers, name):
         action="store_true",
         help="write into an existing --out / --report-dir, replacing only the files this command writes",
     )
-    parser.add_argument("--data", nargs="+", default=None, help="text files or folders (default: bundled eval split)")
-    parser.add_argument("--documents", type=positive_int, default=3, help="documents per length (default 3)")
     parser.add_argument(
-        "--last-chunk", type=non_negative_int, default=128, help="chunk size for last-chunk loss (0: skip)"
+        "--data",
+        nargs="+",
+        default=None,
+        help="text files or folders, or 'python-docs' (default: the bundled eval split; python-docs for a long model)",
+    )
+    parser.add_argument("--documents", type=positive_int, default=None, help="documents per length (default 3)")
+    parser.add_argument(
+        "--last-chunk", type=non_negative_int, default=None, help="last-chunk loss chunk size (default 128; 0: skip)"
     )
     parser.add_argument(
-        "--passkey-depths", type=non_negative_int, default=5, help="passkey depths per length (default 5; 0: skip)"
+        "--passkey-depths",
+        type=non_negative_int,
+        default=None,
+        help="teacher-forced passkey depths per length (default 5; 0: skip)",
     )
     parser.add_argument("--passkey-trials", type=positive_int, default=1, help="pass keys per depth (default 1)")
     parser.add_argument(
         "--far-stride",
         type=positive_int,
-        default=16,
-        help="sliding-window baseline stride (default 16; 1: exact)",
+        default=None,
+        help="sliding-window baseline stride (default 16; L0/8 for a long model; 1: exact)",
     )
     parser.add_argument("--generate", action="store_true", help="passkey by greedy generation too (slower)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (also when stderr is no terminal)")
+    parser.add_argument(
+        "--passkey-prompts",
+        type=non_negative_int,
+        default=None,
+        help="pass keys by greedy generation: prompts per length, each read once and asked --passkey-keys "
+        "questions through its KV cache (default 0: none; 1 for a long model)",
+    )
+    parser.add_argument(
+        "--passkey-keys", type=positive_int, default=3, help="pass keys per --passkey-prompts prompt (default 3)"
+    )
+    parser.add_argument(
+        "--methods",
+        type=comma_list(str),
+        default=None,
+        help="comma-separated rope types to compare, 'none' for the model as saved (default: every applicable one)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="weights and activations (default float32; bfloat16 for a long model, 1.4x faster on a CPU with bf16)",
+    )
+    parser.epilog = (
+        f"A long model (trained at >= {LONG_MODEL} tokens, such as SmolLM2 at 8192) gets defaults that bound the run: "
+        "--factors 2,4 --documents 1 --last-chunk 0 --passkey-depths 0 --passkey-prompts 1 --far-stride L0/8 "
+        "--data python-docs --dtype bfloat16 (any of them given is kept)."
+    )
+    progress_argument(parser)
     return parser
 
 
@@ -55,8 +90,9 @@ def factor_list(args) -> list[float]:
 
 
 def run(args) -> int:
-    from .. import bundled, extend
-    from ..eval import loading, parse_rope_params, report
+    from .. import bundled, extend, outputs
+    from ..eval import loading, parse_rope_params
+    from ..eval.metadata import run_metadata
     from ..eval.runner import EvalPlan
 
     started = time.time()
@@ -64,12 +100,13 @@ def run(args) -> int:
         raise ValueError("--out saves a patched model: pass --rope-type (and --factor where the type takes one)")
     target = args.out or args.report_dir or Path("runs") / time.strftime("extend-%Y%m%d-%H%M%S")
     flag = "--out" if args.out is not None else "--report-dir"
-    extend.check_out_dir(target, args.overwrite, flag, writes_card=args.out is not None)
+    stage = outputs.Staged(target, args.overwrite, flag, writes_card=args.out is not None)  # refused before any work
     path = loading.check_model_path(args.model or bundled.default_model_path())
+    fill_defaults(args, loading.pretraining_length(loading.load_config(path)))
     extra = parse_rope_params(args.rope_param)
-    if extra and args.rope_type is None:
-        raise ValueError(f"--rope-param {sorted(extra)} given without --rope-type")
-    methods = None if args.rope_type is None else [None, args.rope_type]
+    if extra and args.rope_type is None and args.methods is None:
+        raise ValueError(f"--rope-param {sorted(extra)} given without --rope-type or --methods")
+    methods = chosen_methods(args)
     plan = EvalPlan(
         lengths=(2,),  # placeholder: run_comparison picks the lengths from the factors
         documents=args.documents,
@@ -79,32 +116,97 @@ def run(args) -> int:
         generate=args.generate,
         far_context=True,
         far_stride=args.far_stride,
+        multikey_prompts=args.passkey_prompts,
+        multikey_keys=args.passkey_keys,
     )
-    records = extend.run_comparison(path, methods, factor_list(args), plan, args.data, not args.no_progress, extra)
-    out = extend.prepare_out_dir(target, args.overwrite, flag, writes_card=args.out is not None)
-    text = tables(records, args)
-    print(text)
-    (out / "report.md").write_text(text, encoding="utf-8")
+    records = extend.run_comparison(
+        path, methods, factor_list(args), plan, args.data, not args.no_progress, extra, dtype=args.dtype
+    )
     pretrain = loading.pretraining_length(loading_config(path))
-    plot = report.plot_perplexity(records, out / "perplexity.png", pretrain, title=f"{path.name}: perplexity vs length")
-    print(f"report: {report.write_json(records, out / 'report.json')}\nplot: {plot}")
-    if args.passkey_depths:
-        print(f"passkey heatmaps: {report.plot_passkey_grid(records, out / 'passkey.png', passkey_title(path))}")
-    print(f"report.md: {out / 'report.md'}")
-    if args.out is not None:
-        chosen = [r for r in records if r["rope_type"] in (args.rope_type, "none") and "perplexity" in r]
-        card = extend.save_extended(path, args.rope_type, args.factor, out, chosen, plot.name, extra)
-        print(f"model: {out}\ncard: {card}")
-    print(f"done in {time.time() - started:.0f} s")
+    meta = run_metadata(path, command_line(args), data=args.data)
+    text = tables(records, args, meta)
+    with stage as out:  # written into a temporary sibling, renamed at the end
+        written = write_report(records, args, path, text, out, pretrain, meta)
+        if args.out is not None:
+            chosen = [r for r in records if r["rope_type"] in (args.rope_type, "none") and "perplexity" in r]
+            length = int(max(factor_list(args)) * pretrain)
+            extend.save_extended(
+                path, args.rope_type, args.factor, out, chosen, "perplexity.png", extra, target, length
+            )
+            written += [("model", ""), ("card", "README.md")]
+    print(text)
+    for what, name in written:
+        print(f"{what}: {target / name}")
+    print(f"done in {time.time() - started:.0f} s, peak resident memory {peak_memory_gib():.2f} GiB")
     return 0
 
 
-def tables(records, args) -> str:
-    """The Markdown report: what was run (model, documents, date, command), then the tables, length across."""
+LONG_MODEL = 4096  # from this pretraining length on, a forward pass at 4x costs minutes on a CPU
+
+
+def fill_defaults(args, pretrain: int) -> None:
+    """Give every measure option left unset its default: the bundled-model defaults, or for a model trained at
+    LONG_MODEL tokens or more the bounded ones (one document, one 3-key prompt per length, no last-chunk or
+    teacher-forced passkey, a coarser baseline stride, the long python-docs documents, bfloat16)."""
+    long = pretrain >= LONG_MODEL
+    defaults = {
+        "factors": [2.0, 4.0] if long else [2.0, 4.0, 8.0],
+        "documents": 1 if long else 3,
+        "last_chunk": 0 if long else 128,
+        "passkey_depths": 0 if long else 5,
+        "passkey_prompts": 1 if long else 0,
+        "far_stride": max(1, pretrain // 8) if long else 16,
+        "data": ["python-docs"] if long else None,
+        "dtype": "bfloat16" if long else "float32",
+    }
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
+def chosen_methods(args) -> list | None:
+    """The methods to compare: --methods ('none' = as saved), else the model as saved and --rope-type, else all."""
+    if args.methods is not None and args.rope_type is not None:
+        raise ValueError("--methods and --rope-type: give one of them (--rope-type with --out saves that method)")
+    if args.methods is not None:
+        return [None if m in ("none", "default") else m for m in args.methods]
+    return None if args.rope_type is None else [None, args.rope_type]
+
+
+def peak_memory_gib() -> float:
+    """The peak resident memory of this process so far, GiB (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def write_report(records, args, path, text: str, out: Path, pretrain: int, meta: dict) -> list[tuple[str, str]]:
+    """report.md, report.json (records and the run's metadata) and the plots into ``out``; returns (what, file
+    name) pairs."""
+    from ..eval import report
+
+    (out / "report.md").write_text(text, encoding="utf-8")
+    report.write_json(records, out / "report.json", meta)
+    report.plot_perplexity(records, out / "perplexity.png", pretrain, title=f"{path.name}: perplexity vs length")
+    written = [("report", "report.json"), ("plot", "perplexity.png")]
+    if any("far_context_ratio" in r for r in records):
+        report.plot_far_context(records, out / "far_context.png", f"{path.name}: {FAR_TITLE}")
+        written.append(("far-context plot", "far_context.png"))
+    if args.passkey_depths:
+        report.plot_passkey_grid(records, out / "passkey.png", passkey_title(path))
+        written.append(("passkey heatmaps", "passkey.png"))
+    return written + [("report.md", "report.md")]
+
+
+FAR_TITLE = "far-context ratio vs length (below 1: the context beyond L0 helps)"
+
+
+def tables(records, args, meta: dict) -> str:
+    """The Markdown report: what was run (model, documents, date, command, versions), then the tables."""
     from ..eval import report
 
     parts = [
-        header(records, args),
+        header(records, args, meta),
         "Perplexity (at s x L0 the method runs with factor s; at L0 with the smallest factor):",
         "",
     ]
@@ -114,6 +216,14 @@ def tables(records, args) -> str:
     if args.last_chunk:
         parts += [f"Loss on the last {args.last_chunk} tokens as the context grows (largest factor):", ""]
         parts += [report.pivot_table(records, "last_chunk_loss"), ""]
+    if args.passkey_prompts:
+        parts += [
+            f"Pass keys by greedy generation ({args.passkey_prompts} prompts x {args.passkey_keys} keys per cell, "
+            "each prompt read once and every key asked through its KV cache):",
+            "",
+            report.pivot_table(records, "multikey_accuracy"),
+            "",
+        ]
     if args.passkey_depths:
         parts += [
             f"Passkey accuracy (teacher-forced; {args.passkey_depths} depths x {args.passkey_trials} keys per cell):",
@@ -124,22 +234,25 @@ def tables(records, args) -> str:
     return "\n".join(parts)
 
 
-def header(records, args) -> str:
-    """Model, documents, date and the command line, as the report's first lines."""
+def header(records, args, meta: dict) -> str:
+    """Model, documents, date, the command line and the versions (``meta``: the run's metadata), as the report's
+    first lines."""
     from .. import bundled
 
     model = args.model or f"{bundled.default_model_path()} (bundled)"
     data = "the bundled eval split (stdlib files)" if args.data is None else ", ".join(args.data)
     counts = sorted({r["documents"] for r in records if "documents" in r})
+    versions = ", ".join(f"{name} {v}" for name, v in meta["versions"].items() if v)
     return "\n".join(
         [
             "# hf-rope-ext extend",
             "",
-            f"- model: `{model}`",
+            f"- model: `{model}` (config and weights sha256 `{meta['model_sha256']}`)",
             f"- documents: {'/'.join(map(str, counts)) or '-'} per length, the first long enough for the longest "
             f"length in file order, from {data}",
-            f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
-            f"- command (equivalent): `{command_line(args)}`",
+            f"- date: {meta['date']}, dtype {args.dtype}, peak resident memory {peak_memory_gib():.2f} GiB",
+            f"- command (equivalent): `{meta['command']}`",
+            f"- versions: {versions}",
             "",
         ]
     )
@@ -148,14 +261,18 @@ def header(records, args) -> str:
 def command_line(args) -> str:
     """An ``hf-rope-ext extend`` command line that repeats this run (every measure's option spelled out)."""
     words = ["hf-rope-ext", "extend"] + (["--model", str(args.model)] if args.model else [])
+    if args.methods is not None:
+        words += ["--methods", ",".join(args.methods)]
     if args.rope_type is not None:
         words += ["--rope-type", args.rope_type] + ([] if args.factor is None else ["--factor", f"{args.factor:g}"])
         words += [w for p in args.rope_param for w in ("--rope-param", p)]
     if args.factor is None:
         words += ["--factors", ",".join(f"{f:g}" for f in args.factors)]
     words += [] if args.data is None else ["--data", *args.data]
-    for option in ("documents", "last_chunk", "passkey_depths", "passkey_trials", "far_stride"):
+    for option in ("documents", "last_chunk", "passkey_depths", "passkey_trials", "far_stride", "passkey_prompts"):
         words += ["--" + option.replace("_", "-"), str(getattr(args, option))]
+    words += ["--passkey-keys", str(args.passkey_keys)] if args.passkey_prompts else []
+    words += ["--dtype", args.dtype] if args.dtype != "float32" else []
     return shlex.join(words + (["--generate"] if args.generate else []))
 
 

@@ -19,7 +19,9 @@ from .args import (
     positive_float,
     positive_int,
     probability,
+    progress_argument,
 )
+from .errors import out_of_memory
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -101,6 +103,7 @@ def add_parser(subparsers, name):
         help="far-context loss at each eval length >= L0, against the base model reading a sliding L0 window "
         "(loads the base model once more)",
     )
+    progress_argument(run)
     return p
 
 
@@ -164,6 +167,10 @@ def run(args) -> int:
         result = finetune(config_of(args))
     except KeyboardInterrupt:
         return interrupted(args.out)
+    except Exception as err:
+        if out_of_memory(err):
+            resumable(args.out)
+        raise
     if not is_main():
         return 0
     for record in result["results"]:
@@ -191,14 +198,25 @@ def interrupted(out: str) -> int:
     from ..train.checkpoints import latest_checkpoint
 
     found = latest_checkpoint(Path(out) / "checkpoints")
-    message = (
-        "interrupted before the first checkpoint; nothing to resume"
-        if found is None
-        else f"interrupted; checkpoint {found}\nresume with:\n  {resume_command(found)}"
-    )
+    message = "interrupted before the first checkpoint; nothing to resume" if found is None else resume_note(found)
     if is_main():
         print(f"hf-rope-ext finetune: {message}", file=sys.stderr)
     return INTERRUPTED
+
+
+def resumable(out: str) -> None:
+    """After a failure: the checkpoint the run reached (kept in ``--out``) and the command that resumes from it."""
+    import sys
+
+    from ..train.checkpoints import latest_checkpoint
+
+    found = latest_checkpoint(Path(out) / "checkpoints")
+    if found is not None and is_main():
+        print(f"hf-rope-ext finetune: {resume_note(found, 'stopped')}", file=sys.stderr)
+
+
+def resume_note(checkpoint, what: str = "interrupted") -> str:
+    return f"{what}; checkpoint {checkpoint}\nresume with:\n  {resume_command(checkpoint)}"
 
 
 def resume_command(checkpoint) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .args import progress_argument
+
 
 def add_parser(subparsers, name):
     parser = subparsers.add_parser(
@@ -14,6 +16,7 @@ def add_parser(subparsers, name):
         ),
     )
     parser.add_argument("--out", help="the folder to write (default: ~/.cache/hf_rope_ext/models/...)")
+    progress_argument(parser)
     return parser
 
 

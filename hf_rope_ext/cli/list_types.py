@@ -25,7 +25,7 @@ def rows() -> list[dict]:
     Read from the registry and the table of transformers' own types, without importing transformers (so ``list``
     starts fast); tests check that it names exactly what ``ROPE_INIT_FUNCTIONS`` holds once the package is imported.
     """
-    from ..registry import BUILTIN_SUMMARIES, BUILTIN_TYPES, methods
+    from ..registry import BUILTIN_SUMMARIES, BUILTIN_TYPES, methods, type_spec
 
     table = [
         {
@@ -33,7 +33,7 @@ def rows() -> list[dict]:
             "source": "hf_rope_ext",
             "level": m.kind,
             "dynamic": m.dynamic,
-            "parameters": {k: _parameter(p.default) for k, p in m.params.items()},
+            "parameters": {k: _parameter(p.default) for k, p in type_spec(m.name)[0].items()},
             "summary": m.summary,
         }
         for m in methods()

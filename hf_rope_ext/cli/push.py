@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from .args import progress_argument
+
 
 def add_parser(subparsers, name):
     parser = subparsers.add_parser(
@@ -25,7 +27,13 @@ def add_parser(subparsers, name):
     )
     parser.add_argument("--private", action="store_true", help="create the repo private")
     parser.add_argument("--dry-run", metavar="DIR", help="write exactly what would be uploaded to DIR; upload nothing")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into an existing --dry-run DIR, replacing only the files a dry run writes",
+    )
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
+    progress_argument(parser)
     return parser
 
 
@@ -38,6 +46,7 @@ def run(args) -> int:
             args.repo_id,
             private=args.private,
             dry_run=args.dry_run,
+            overwrite=args.overwrite,
             token=args.token,
             base_model_id=args.base_model_id,
             report=lambda line: print(line, flush=True),

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from .. import bundled
+from . import python_docs
 
 TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".json", ".jsonl", ".c", ".h", ".html", ".tex")
 
@@ -37,8 +38,10 @@ def encode(tokenizer, text: str) -> torch.Tensor:
 
 
 def load_token_documents(tokenizer, data=None) -> list[torch.Tensor]:
-    """Every document of ``data`` as a 1-D LongTensor of token ids, in file order."""
-    return [encode(tokenizer, text) for text in bundled.read_documents(resolve_files(data))]
+    """Every document of ``data`` as a 1-D LongTensor of token ids, in file order (``python-docs``: the documents
+    of :mod:`.python_docs`)."""
+    texts = python_docs.texts() if python_docs.is_python_docs(data) else bundled.read_documents(resolve_files(data))
+    return [encode(tokenizer, text) for text in texts]
 
 
 def long_enough(documents: list[torch.Tensor], length: int, limit: int | None = None) -> list[torch.Tensor]:

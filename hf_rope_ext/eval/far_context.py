@@ -15,18 +15,18 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from .data import long_enough
 from .last_chunk import last_chunk_losses
+from .losses import next_token_losses
 
 
 @torch.no_grad()
-def sliding_window_losses(model, input_ids: torch.Tensor, window: int, chunk: int, stride: int = 1, batch: int = 8):
+def sliding_window_losses(model, input_ids: torch.Tensor, window: int, chunk: int, stride: int = 1, batch=None):
     """Losses (chunk,) of the last ``chunk`` tokens of ``input_ids`` (n,), each read by the model as part of a
     ``window``-token window ending at most ``stride`` - 1 tokens after it: a token sees the window - stride to
     window - 1 tokens before it (exactly window - 1 with stride 1). Windows end at n, n - stride, ...; one forward
-    pass per window, ``batch`` windows at a time."""
+    pass per window, ``batch`` windows at a time (default: as many as make 32k tokens, 1 to 8)."""
     n = len(input_ids)
     if not 1 <= stride <= min(chunk, window - 1) or n < window + chunk - 1:
         raise ValueError(
@@ -35,13 +35,11 @@ def sliding_window_losses(model, input_ids: torch.Tensor, window: int, chunk: in
         )
     ends = list(range(n, n - chunk, -stride))  # window ends (exclusive), last first
     scored = [min(stride, e - (n - chunk)) for e in ends]  # tokens each window scores: its last ones
-    device = next(model.parameters()).device
-    windows = torch.stack([input_ids[e - window : e] for e in ends]).to(device)  # (n_windows, window)
+    windows = torch.stack([input_ids[e - window : e] for e in ends])  # (n_windows, window)
+    batch = batch or min(8, max(1, 2**15 // window))
     out = []
     for i in range(0, len(ends), batch):
-        ids = windows[i : i + batch]
-        logits = model(input_ids=ids, use_cache=False).logits[:, :-1]  # (b, window - 1, vocab)
-        losses = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # (b, window - 1)
+        losses = next_token_losses(model, windows[i : i + batch], last=max(scored[i : i + batch]))
         out += [row[-k:] for row, k in zip(losses, scored[i : i + batch], strict=True)]
     return torch.cat(out[::-1]).cpu()  # back to text order
 

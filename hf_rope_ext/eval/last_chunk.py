@@ -8,8 +8,8 @@ context well has a loss that falls as ``c`` grows.
 from __future__ import annotations
 
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import bar
 from .data import long_enough
 from .perplexity import token_losses
 
@@ -27,7 +27,7 @@ def last_chunk_losses(
         raise ValueError(f"contexts={contexts}: every context must be at most total={total}")
     docs = [doc[:total] for doc in long_enough(documents, total, limit)]
     results = {}
-    for context in tqdm(sorted(contexts), desc="last chunk", disable=not progress, leave=False):
+    for context in bar(sorted(contexts), desc="last chunk", enabled=progress):
         # losses (n_docs, chunk): the last `chunk` scored tokens of each window [total - context, total)
         losses = torch.stack([losses_fn(model, doc[total - context :])[-chunk:] for doc in docs])
         results[context] = losses.mean().item()

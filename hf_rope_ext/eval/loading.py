@@ -8,21 +8,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import torch
 
-from .. import configure, from_gguf
-from ..configure import accepted_keys
+from .. import configure, sources
+from ..configure import accepted_keys, pretraining_length  # noqa: F401  (pretraining_length: read from here too)
+from ..did_you_mean import typo_of
+from ..sources import check_model_path, resolve_model  # noqa: F401  (the commands read them from here)
+from . import adapters
 
 NONE_TYPES = (None, "none", "default")  # "the model as saved"
-ORIGINAL = "original_max_position_embeddings"
-
-
-def pretraining_length(config) -> int:
-    """L0: the saved ``original_max_position_embeddings`` if any, else ``max_position_embeddings``."""
-    saved = (getattr(config, "rope_parameters", None) or {}).get(ORIGINAL)
-    return int(saved or config.max_position_embeddings)
 
 
 def rope_parameters_for(config, rope_type: str | None, factor: float | None = None, extra: dict | None = None):
@@ -37,11 +32,14 @@ def rope_parameters_for(config, rope_type: str | None, factor: float | None = No
         if "factor" not in keys:
             raise ValueError(f"factor={factor!r}: rope_type={rope_type!r} takes no factor; allowed: {sorted(keys)}")
         extra = {"factor": float(factor), **extra}
-    params = configure.rope_parameters_for(config, rope_type, **extra)
-    missing = [key for key, required in keys.items() if required and params.get(key) is None]
+    filled = ("original_max_position_embeddings",)  # from the saved config
+    missing = [key for key, required in keys.items() if required and extra.get(key) is None and key not in filled]
     if missing:
-        raise KeyError(f"rope_type={rope_type!r} needs {missing[0]!r} (pass --factor or --rope-param {missing[0]}=...)")
-    return params
+        typo = typo_of(missing[0], [k for k in extra if k not in keys])
+        raise KeyError(
+            f"rope_type={rope_type!r} needs {missing[0]!r} (pass --factor or --rope-param {missing[0]}=...){typo}"
+        )
+    return configure.rope_parameters_for(config, rope_type, **extra)
 
 
 def parse_rope_params(items: list[str] | None) -> dict:
@@ -65,35 +63,6 @@ def _parse_value(text: str):
         return text
 
 
-def check_model_path(path) -> Path:
-    """A local model folder (with config.json), or a GGUF file, converted once to a folder (``from_gguf``);
-    FileNotFoundError naming what is missing."""
-    path = Path(path)
-    if from_gguf.is_gguf(path):
-        return from_gguf.model_folder(path)
-    if not path.exists():
-        raise FileNotFoundError(f"model {str(path)!r} is not a model directory (no such folder)")
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model {str(path)!r} is not a model directory (no config.json there)")
-    return path
-
-
-def resolve_model(name: str) -> str:
-    """A local model folder, or a Hub repo id: checked like :func:`check_model_path` when it exists here or looks
-    like a path, so that a mistyped folder is never looked up on the Hub."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    if Path(name).exists() or name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:
-        return str(check_model_path(Path(name).expanduser()))
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        raise FileNotFoundError(
-            f"model {name!r} is not a model directory (no such folder) nor a Hub repo id ('name' or 'owner/name')"
-        ) from None
-    return name
-
-
 def check_rope_config(config, name) -> None:
     """The model must have a rotary position embedding this package drives: ``rope_parameters`` in its config."""
     if not hasattr(config, "rope_parameters"):
@@ -105,17 +74,8 @@ def check_rope_config(config, name) -> None:
 
 
 def hub_config(name: str):
-    """The config of Hub repo ``name`` (HF_HUB_OFFLINE: from the cache only); one line naming it when there is none."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(name)
-    except OSError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise FileNotFoundError(
-            f"model {name!r} is not a model directory (no such folder) nor a model on the Hub "
-            f"that could be read: {first}"
-        ) from None
+    """The config of Hub repo ``name`` (``sources.hub_config``), refused when it has no RoPE."""
+    config = sources.hub_config(name)
     check_rope_config(config, name)
     return config
 
@@ -129,15 +89,22 @@ def load_config(path):
     return config
 
 
-def load_model(path, rope_parameters: dict | None = None, dtype=torch.float32, device: str = "cpu"):
-    """``AutoModelForCausalLM.from_pretrained(path, rope_parameters=...)`` in eval mode (None: as saved)."""
+def load_model(path, rope_parameters: dict | None = None, dtype=torch.float32, device: str = "cpu", adapter=None):
+    """``AutoModelForCausalLM.from_pretrained(path, rope_parameters=...)`` in eval mode (None: as saved); with
+    ``adapter``, the base ``path`` built with the adapter folder's config and the adapter on top (``eval.adapters``)."""
     from transformers import AutoModelForCausalLM
 
     import hf_rope_ext  # noqa: F401  (registers the package's rope types)
 
-    kwargs = {} if rope_parameters is None else {"rope_parameters": dict(rope_parameters)}
-    model = AutoModelForCausalLM.from_pretrained(check_model_path(path), dtype=dtype, **kwargs)
-    return model.to(device).eval()
+    if adapter is None:
+        kwargs = {} if rope_parameters is None else {"rope_parameters": dict(rope_parameters)}
+        model = AutoModelForCausalLM.from_pretrained(check_model_path(path), dtype=dtype, **kwargs)
+        return model.to(device).eval()
+    config = load_config(adapters.config_folder(path, adapter))
+    if rope_parameters is not None:
+        config.rope_parameters = dict(rope_parameters)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
+    return adapters.attach(model, adapter).to(device).eval()
 
 
 def load_tokenizer(path):

@@ -5,9 +5,9 @@ grid of depths x lengths; ``report.plot_heatmap`` draws the grid.
 from __future__ import annotations
 
 import torch
-from tqdm.auto import tqdm
 
 from .. import bundled
+from ..progress import bar
 from .data import resolve_files
 from .passkey import compose, generation_hit, passkeys, spread_depths, teacher_forced_hit, tokenize_pieces
 
@@ -34,7 +34,7 @@ def needle_grid(model, tokenizer, lengths, depths: int = 5, data=None, generate=
     keys = passkeys(len(depth_list) * len(lengths), seed)
     grid = torch.zeros(len(depth_list), len(lengths))
     cells = [(i, j) for j in range(len(lengths)) for i in range(len(depth_list))]
-    for i, j in tqdm(cells, desc="needle", disable=not progress):
+    for i, j in bar(cells, desc="needle", enabled=progress):
         pieces = tokenize_pieces(tokenizer, keys[i * len(lengths) + j], lines, TASK, QUESTION)
         sample = compose(pieces, lengths[j], depth_list[i])
         grid[i, j] = float(generation_hit(model, sample) if generate else teacher_forced_hit(model, sample))

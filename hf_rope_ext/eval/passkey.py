@@ -13,8 +13,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import bar
+from ..quiet import generating_past_max_length
 from .data import encode
 
 TASK = (
@@ -111,14 +112,16 @@ def generation_hit(model, sample: NeedleSample) -> bool:
     device = next(model.parameters()).device
     prompt = sample.input_ids[None, : sample.prompt_length].to(device)
     n = len(sample.answer)
-    out = model.generate(
-        prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=n,
-        min_new_tokens=n,
-        do_sample=False,
-        pad_token_id=model.config.pad_token_id if model.config.pad_token_id is not None else 0,
-    )
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    with generating_past_max_length():
+        out = model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=pad,
+        )
     return torch.equal(out[0, sample.prompt_length :].cpu(), sample.answer)
 
 
@@ -138,7 +141,7 @@ def passkey_accuracy(
     keys = passkeys(depths * trials, seed)  # a different key for every sample
     grid = [(depth, keys[i * trials + t]) for i, depth in enumerate(spread_depths(depths)) for t in range(trials)]
     forced, generated = [], []
-    for depth, key in tqdm(grid, desc=f"passkey @{length}", disable=not progress):
+    for depth, key in bar(grid, desc=f"passkey @{length}", enabled=progress):
         sample = compose(tokenize_pieces(tokenizer, key, sentences), length, depth)
         forced.append(teacher_forced_hit(model, sample))
         if generate:

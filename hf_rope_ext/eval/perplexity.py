@@ -9,18 +9,15 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
-from tqdm.auto import tqdm
 
+from ..progress import bar
 from .data import long_enough
+from .losses import next_token_losses
 
 
-@torch.no_grad()
 def token_losses(model, input_ids: torch.Tensor) -> torch.Tensor:
     """Next-token losses of one sequence ``input_ids`` (n,): shape (n - 1,), fp32; entry t scores token t + 1."""
-    device = next(model.parameters()).device
-    logits = model(input_ids=input_ids[None].to(device), use_cache=False).logits[0, :-1]  # (n-1, vocab)
-    return F.cross_entropy(logits.float(), input_ids[1:].to(device), reduction="none")
+    return next_token_losses(model, input_ids[None])[0]
 
 
 class CachedLosses:
@@ -41,7 +38,6 @@ def truncated_perplexity(model, documents, length: int, limit: int | None = None
     """{'perplexity', 'loss', 'documents', 'tokens'} over the first ``length`` tokens of each long-enough document."""
     losses_fn = losses_fn or token_losses
     docs = long_enough(documents, length, limit)
-    bar = tqdm(docs, desc=f"perplexity @{length}", disable=not progress, leave=False)
-    losses = [losses_fn(model, doc[:length]) for doc in bar]
+    losses = [losses_fn(model, doc[:length]) for doc in bar(docs, desc=f"perplexity @{length}", enabled=progress)]
     mean = torch.cat(losses).mean().item()
     return {"perplexity": math.exp(mean), "loss": mean, "documents": len(docs), "tokens": len(docs) * (length - 1)}

@@ -2,7 +2,8 @@
 
 A record is one (rope_type, factor, length) with the measures taken there: ``perplexity`` (and ``loss``,
 ``documents``), ``last_chunk_loss`` (the fixed final chunk of the longest length, read with ``length`` tokens of
-context), ``passkey_accuracy`` (teacher-forced) and ``passkey_generation_accuracy`` (greedy).
+context), ``passkey_accuracy`` (teacher-forced) and ``passkey_generation_accuracy`` (greedy), one key per prompt, and
+``multikey_accuracy`` (greedy, several keys per prompt).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from .data import long_enough
 from .last_chunk import last_chunk_losses
+from .multikey import multikey_accuracy
 from .passkey import passkey_accuracy
 from .perplexity import CachedLosses, truncated_perplexity
 
@@ -28,6 +30,8 @@ class EvalPlan:
     seed: int = 0
     far_context: bool = False  # main job only: far-context loss against the sliding-window baseline
     far_stride: int = 16  # the baseline's window stride (1: exact, every token sees L0 - 1 tokens)
+    multikey_prompts: int = 0  # pass keys by generation, several per prompt (eval.multikey); 0: none
+    multikey_keys: int = 3  # pass keys per prompt
 
     def __post_init__(self):
         if not self.lengths or any(int(x) != x or x < 2 for x in self.lengths):
@@ -55,6 +59,9 @@ def evaluate_model(
         if plan.passkey_depths:
             depths, trials, seed = plan.passkey_depths, plan.passkey_trials, plan.seed
             record.update(passkey_accuracy(model, tokenizer, n, depths, trials, plan.generate, seed, progress=progress))
+        if plan.multikey_prompts:
+            keys = plan.multikey_keys
+            record.update(multikey_accuracy(model, tokenizer, n, plan.multikey_prompts, keys, plan.seed, progress))
     if plan.last_chunk:
         chunk = last_chunk_losses(model, documents, lengths, plan.last_chunk, plan.documents, progress, losses)
         for record in records:
@@ -62,17 +69,19 @@ def evaluate_model(
     return records
 
 
-def evaluate(path, rope_type=None, factor=None, extra=None, plan: EvalPlan | None = None, data=None, progress=True):
-    """Load ``path`` with the rope type applied (none: as saved) and evaluate it; returns the records."""
-    from transformers import AutoConfig
-
+def evaluate(
+    path, rope_type=None, factor=None, extra=None, plan: EvalPlan | None = None, data=None, progress=True, adapter=None
+):
+    """Load ``path`` with the rope type applied (none: as saved), and the peft ``adapter`` folder on top when given
+    (``eval.adapters``), and evaluate it; returns the records."""
+    from .adapters import config_folder
     from .data import load_token_documents
-    from .loading import check_model_path, load_model, load_tokenizer, rope_parameters_for
+    from .loading import load_config, load_model, load_tokenizer, rope_parameters_for
 
-    config = AutoConfig.from_pretrained(check_model_path(path))
+    config = load_config(config_folder(path, adapter))
     rope_parameters = rope_parameters_for(config, rope_type, factor, extra)
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(config_folder(path, adapter))
     documents = load_token_documents(tokenizer, data)
-    model = load_model(path, rope_parameters)
+    model = load_model(path, rope_parameters, adapter=adapter)
     records = evaluate_model(model, tokenizer, documents, plan, rope_type, factor, progress)
     return [{**r, "rope_parameters": rope_parameters} for r in records]

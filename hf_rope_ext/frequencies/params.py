@@ -1,6 +1,6 @@
 """Parameter specifications shared by several methods."""
 
-from ..declare import Param
+from ..declare import Param, require_greater
 
 FACTOR = Param(minimum=1.0, help="context extension factor s (target length / L0)")
 ORIGINAL_MAX = Param(default=None, kind="int", minimum=1, help="L0, the pretraining length (max_position_embeddings)")
@@ -9,13 +9,4 @@ BETA_SLOW = Param(default=1.0, exclusive_minimum=0, help="pairs turning less oft
 TRUNCATE = Param(default=True, kind="bool", help="round the ramp ends to whole pair indices (as transformers' yarn)")
 
 
-def require_greater(params: dict, high_key: str, low_key: str, high_default: float, low_default: float) -> None:
-    """Raise unless ``params[high_key]`` > ``params[low_key]`` (defaults filled in)."""
-    high = params.get(high_key)
-    low = params.get(low_key)
-    high = high_default if high is None else high
-    low = low_default if low is None else low
-    if not high > low:
-        raise ValueError(
-            f"rope_parameters[{high_key!r}]={high!r} must be greater than rope_parameters[{low_key!r}]={low!r}"
-        )
+__all__ = ["BETA_FAST", "BETA_SLOW", "FACTOR", "ORIGINAL_MAX", "TRUNCATE", "require_greater"]

@@ -1,4 +1,5 @@
-"""``part_ntk``: the combined NTK + linear + extrapolation schedule of seed 001.
+"""``part_ntk``: NTK-aware, linear and unscaled frequencies blended per pair by how often it turns in L0 (the "part
+NTK" scheme, YaRN's predecessor).
 
 Three candidate frequencies per pair: theta_i (extrapolation), theta_i/s (linear) and the NTK-aware
 theta_i' (base b*s^(d/(d-2))). Pairs that turn fewer than ``beta_1`` times in L0 take linear, more than
@@ -64,6 +65,7 @@ METHOD = RopeMethod(
         "gamma_1": _rotations("gamma_1", "rotations in L0 below which the NTK/linear blend is used"),
     },
     example={"factor": 4.0},
-    summary="seed 001's NTK + linear + extrapolation blend",
+    summary="three bands by turns in L0: below beta_1 theta_i/s, above beta_0 the NTK-aware base, above gamma_0 "
+    "theta_i kept; linear ramps between",
     check=check_constants,
 )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cards import relabel_layout
+from ..files import check_folder, read_json
 from ..models import family_of
 from ..outputs import Staged
 from .state_dict import check_direction, convert_tensors
@@ -79,6 +80,7 @@ def convert_directory(src, dst, to: str, overwrite: bool = False, config_dir=Non
 def _check_paths(src: Path, dst: Path) -> None:
     if not src.is_dir():
         raise (NotADirectoryError if src.exists() else FileNotFoundError)(f"SRC {str(src)!r} is not a directory")
+    check_folder(src)  # a damaged file is named before DST is touched
     if dst == src or src in dst.parents or dst in src.parents:
         raise ValueError(f"DST {dst} overlaps SRC {src}; the source is never written: choose a separate directory")
 
@@ -105,13 +107,14 @@ def _load_config(directory: Path):
 
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"{directory} has neither config.json (a model) nor {ADAPTER_CONFIG} (an adapter)")
+    check_folder(directory)
     return AutoConfig.from_pretrained(directory)
 
 
 def _base_config(adapter: Path, config_dir):
     """The base model's config of an adapter: ``config_dir``, else its base_model_name_or_path if local."""
     if config_dir is None:
-        base = json.loads((adapter / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+        base = read_json(adapter / ADAPTER_CONFIG).get("base_model_name_or_path")
         if not base or not (Path(base) / "config.json").is_file():
             raise ValueError(
                 f"base_model_name_or_path={base!r} in {adapter / ADAPTER_CONFIG} is not a local model directory; "
@@ -147,13 +150,12 @@ def _convert_file(path: Path, out: Path, family, config, source: str, to: str, i
 
 def _write_layout(config_in: Path, config_out: Path, to: str) -> None:
     """Copy config.json with ``rope_layout`` set, every other key and its order kept."""
-    data = json.loads(config_in.read_text())
+    data = read_json(config_in)
     data["rope_layout"] = to
     config_out.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def _progress(items):
-    from tqdm.auto import tqdm
+    from ..progress import bar
 
-    disable = True if len(items) < 2 else None  # None: a bar on a terminal only
-    return tqdm(items, desc="convert-layout", unit="file", disable=disable)
+    return bar(items, desc="convert-layout", unit="file", enabled=len(items) >= 2)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..files import read_json
+
 STATE_FILE = "trainer_state.json"
 PLAN_DEFAULTS = {"processes": 1}  # keys older checkpoints lack, as they were then
 
@@ -55,7 +57,7 @@ def checkpoint_step(directory: Path, plan: dict) -> int:
     state_path = Path(directory) / STATE_FILE
     if not state_path.is_file():
         raise FileNotFoundError(f"--resume-from {str(directory)!r}: no {STATE_FILE} (not a checkpoint of this trainer)")
-    state = json.loads(state_path.read_text(encoding="utf-8"))
+    state = read_json(state_path)
     saved = {**PLAN_DEFAULTS, **state["plan"]}
     differs = sorted(k for k in plan if saved.get(k) != plan[k])
     if differs:

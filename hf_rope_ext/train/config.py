@@ -7,9 +7,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..files import check_folder
 from .csv_log import LOG_FILE
 from .loop import LoopSettings, Stage
 from .positions import check_schedule
+from .run_folder import check_free
 
 RESULTS_FILE = "eval_results.json"
 MERGED_DIR = "merged"
@@ -123,8 +125,11 @@ def check_output(cfg: FinetuneConfig) -> Path:
         raise FileExistsError(f"--out {str(out)!r} already holds a finished adapter; choose a new folder")
     if cfg.resume_from and not Path(cfg.resume_from).is_dir():
         raise FileNotFoundError(f"--resume-from {cfg.resume_from!r}: no such checkpoint folder")
+    if cfg.resume_from:
+        check_folder(cfg.resume_from)  # optimizer, scheduler, RNG and adapter states, before the model loads
     if cfg.log_dir and (Path(cfg.log_dir) / LOG_FILE).exists() and not cfg.resume_from:
         raise FileExistsError(f"--log-dir {cfg.log_dir!r} already holds a {LOG_FILE}; choose a new folder")
+    check_free(out, cfg.resume_from)
     return out
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .checkpoints import check_checkpoint_tensors, checkpoint_step
-from .config import FinetuneConfig, check_numbers, check_output, training_summary
+from .config import MERGED_DIR, FinetuneConfig, check_numbers, check_output, training_summary
 from .loop import data_parallel, train
 from .prepare import prepare_run
+from .run_folder import log_dir, run_folder
 
 
 def finetune(cfg: FinetuneConfig) -> dict:
@@ -20,15 +21,19 @@ def finetune(cfg: FinetuneConfig) -> dict:
     check_numbers(cfg)
     out = check_output(cfg)
     job = prepare_run(cfg)
-    model = ready_to_train(job)
-    log_dir = open_output(job, out)
-    rows, model = train(
-        job.accelerator, model, job.stages, job.datasets, job.settings, out / "checkpoints", log_dir, cfg.resume_from
-    )
-    job.measure("after", job.accelerator.unwrap_model(model))
-    result = job.save(out, model, rows, log_dir)
+    with run_folder(job.accelerator, out, cfg.resume_from, cfg.log_dir) as work:  # see train.run_folder
+        model = ready_to_train(job)
+        logs = open_output(job, work)
+        acc = job.accelerator
+        rows, model = train(
+            acc, model, job.stages, job.datasets, job.settings, work / "checkpoints", logs, cfg.resume_from
+        )
+        job.measure("after", acc.unwrap_model(model))
+        job.save(work, model, out)
     job.accelerator.end_training()  # closes the trackers (and the process group): last
-    return result
+    merged = str(out / MERGED_DIR) if cfg.merge else None
+    logs = log_dir(out, None, cfg.log_dir)
+    return {"out": str(out), "log": str(logs), "results": job.results, "rows": rows, "merged": merged}
 
 
 def ready_to_train(job):
@@ -44,13 +49,14 @@ def ready_to_train(job):
     return model
 
 
-def open_output(job, out: Path) -> Path:
-    """Create the output folder (main process, once every process has passed its checks); returns the log folder."""
+def open_output(job, work: Path) -> Path:
+    """Create the folder the run writes into (main process, once every process has passed its checks); returns the
+    log folder."""
     acc, cfg = job.accelerator, job.cfg
     acc.wait_for_everyone()
     if acc.is_main_process:
-        out.mkdir(parents=True, exist_ok=bool(cfg.resume_from))
+        work.mkdir(parents=True, exist_ok=bool(cfg.resume_from))
     acc.wait_for_everyone()
     if acc.log_with:  # TensorBoard, when installed
         acc.init_trackers("finetune", config=training_summary(cfg))
-    return Path(cfg.log_dir) if cfg.log_dir else out / "logs"
+    return log_dir(cfg.out, cfg.resume_from, cfg.log_dir)

@@ -180,7 +180,7 @@ def train(
 ) -> list[dict]:
     """Run every stage; returns (the log rows of this call, the accelerate-prepared model).
     ``datasets[i]`` holds rows of ``stages[i].window`` tokens. Ctrl-C: see :class:`Interrupted`."""
-    from tqdm.auto import tqdm
+    from ..progress import bar as progress_bar
 
     total, plan = sum(s.steps for s in stages), settings.plan(stages, data_parallel(accelerator)[0])
     optimizer, scheduler = make_optimizer(model, settings, total)
@@ -188,8 +188,9 @@ def train(
     accelerator.register_save_state_pre_hook(keep_trainable_only)
     loaders = stage_loaders(accelerator, datasets, settings)
     step = load_checkpoint(accelerator, resume_from, plan) if resume_from else 0
-    quiet = {} if accelerator.is_local_main_process else {"disable": True}  # else TQDM_DISABLE (--no-progress) rules
-    bar = tqdm(total=total, initial=step, desc="fine-tuning", **quiet)
+    bar = progress_bar(
+        total=total, initial=step, desc="fine-tuning", nested=False, enabled=accelerator.is_local_main_process
+    )
     log = CsvLog(log_dir, accelerator.is_main_process, step)
     run = Run(
         accelerator=accelerator,
@@ -213,6 +214,7 @@ def train(
     with run.stop, bar:
         while step < total:
             step = run_stage(run, step, rows)
+        stop_if_asked(run, step)
     return rows, model
 
 
@@ -275,6 +277,15 @@ def after_step(run: Run, step: int, index: int, loss: torch.Tensor) -> dict:
     if stop:
         raise Interrupted(step, run.checkpoint_dir / f"step-{step:06d}")
     return row
+
+
+def stop_if_asked(run: Run, step: int) -> None:
+    """A Ctrl-C that came during the last step, after its check (while its checkpoint was written): the run stops
+    there too, with that checkpoint, rather than going on to evaluate and save as if nobody had asked."""
+    asked = torch.tensor([float(run.stop.asked)], device=run.accelerator.device)
+    if bool(run.accelerator.gather(asked).any()):
+        checkpoint(run, step)
+        raise Interrupted(step, run.checkpoint_dir / f"step-{step:06d}")
 
 
 def log_row(run: Run, step: int, index: int, loss: float) -> dict:

@@ -7,9 +7,9 @@ Embeddings and norms go through peft's ``modules_to_save``, so they are saved in
 
 from __future__ import annotations
 
+from ..quiet import peft_wrapping
+
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-# PeftModel.__init__ reads model.is_gradient_checkpointing, deprecated in transformers 5 for is_activation_checkpointing
-DEPRECATED_ALIAS = r"`is_gradient_checkpointing` is deprecated"
 
 
 def norm_module_names(model) -> list[str]:
@@ -65,13 +65,10 @@ def lora_config(
 
 def apply_lora(model, **options):
     """Wrap ``model`` in a ``PeftModel`` (LoRA weights in fp32 even on a bf16 base); options as :func:`lora_config`."""
-    import warnings
-
     from peft import get_peft_model
 
     config = lora_config(model, **options)
-    with warnings.catch_warnings():  # peft 0.21 reads transformers' deprecated alias; only that warning is dropped
-        warnings.filterwarnings("ignore", message=DEPRECATED_ALIAS, category=FutureWarning)
+    with peft_wrapping():  # peft 0.21 reads transformers' deprecated alias; only that warning is dropped
         return get_peft_model(model, config, autocast_adapter_dtype=True)
 
 

@@ -12,7 +12,7 @@ import os
 import torch
 
 from .. import registry
-from ..configure import accepted_keys, rope_parameters_for
+from ..configure import accepted_keys, extended_max_positions, rope_parameters_for
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -52,7 +52,7 @@ def target_rope_parameters(config, rope_type: str, length: int, factor: float | 
         raise ValueError(f"--factor {factor}: rope_type={rope_type!r} takes no factor; its keys: {sorted(allowed)}")
     defaults = {"factor": float(factor) if factor is not None else float(length) / old} if "factor" in allowed else {}
     params = rope_parameters_for(config, rope_type, **{**defaults, **dict(extra or {})})
-    return params, (old if rope_type == "dynamic" else int(length))
+    return params, extended_max_positions(rope_type, old, length)
 
 
 def extended_config(path: str, rope_type: str, length: int, factor: float | None = None, extra: dict | None = None):

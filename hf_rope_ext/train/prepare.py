@@ -14,10 +14,13 @@ import torch
 from ..cards import write_model_card
 from ..eval import EvalPlan, evaluate_model
 from ..eval.far_context import sliding_window_baseline, with_far_context
+from ..files import read_json
+from ..quiet import enable_activation_checkpointing, peft_wrapping
 from .config import MERGED_DIR, RESULTS_FILE, FinetuneConfig, plan_stages, settings_of, training_summary
 from .data import load_text, packed_stages
 from .lora import apply_lora
 from .model import attention_implementation, check_fp16, extended_config, load_model, resolve_precision
+from .run_folder import log_dir
 
 MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
@@ -54,7 +57,7 @@ class Job:
             train_norms=cfg.train_norms,
         )
         if cfg.grad_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(self.model, use_reentrant=False)
         self.model.config.use_cache = False
         set_seed(cfg.seed, device_specific=True)  # dropout: seed + process index, so processes draw their own masks
         return self.model
@@ -105,37 +108,39 @@ class Job:
         far = [r for r in records if r["length"] >= l0]
         return short + with_far_context(model, far, docs, total, l0, self.far_baseline, cfg.eval_rows, progress=False)
 
-    def save(self, out: Path, model, rows: list[dict], log_dir: Path) -> dict:
-        """Adapter, extended config, tokenizer, results and card; the merged model on request. ``model`` is the
-        accelerate-prepared one: its state dict is gathered on every process (FSDP, ZeRO-3), written by the main."""
+    def save(self, work: Path, model, out: Path) -> None:
+        """Adapter, extended config, tokenizer, results and card into ``work`` (to become ``out``); the merged model
+        on request. ``model`` is the accelerate-prepared one: its state dict is gathered on every process (FSDP,
+        ZeRO-3), written by the main."""
         acc = self.accelerator
         state = acc.get_state_dict(model)
-        acc.unwrap_model(model).save_pretrained(str(out), state_dict=state, is_main_process=acc.is_main_process)
+        acc.unwrap_model(model).save_pretrained(str(work), state_dict=state, is_main_process=acc.is_main_process)
         if acc.is_main_process:
-            self.config.save_pretrained(str(out))
-            self.tokenizer.save_pretrained(str(out))
-            (out / RESULTS_FILE).write_text(json.dumps(self.results, indent=2), encoding="utf-8")
-            self.card(out, "adapter")
-        merged = self.merge(out) if self.cfg.merge and acc.is_main_process else None
+            self.config.save_pretrained(str(work))
+            self.tokenizer.save_pretrained(str(work))
+            (work / RESULTS_FILE).write_text(json.dumps(self.results, indent=2), encoding="utf-8")
+            self.card(work, "adapter", out)
+            if self.cfg.merge:
+                self.merge(work, out)
         acc.wait_for_everyone()
-        return {"out": str(out), "log": str(log_dir), "results": self.results, "rows": rows, "merged": merged}
 
-    def merge(self, out: Path) -> str:
+    def merge(self, work: Path, out: Path) -> None:
         """Merge from the files just written (base in its saved dtype + adapter, on the CPU), so that sharded
         training states need no gathering and the saved adapter is what gets merged; the config keeps the rope."""
-        target = out / MERGED_DIR
-        merged = load_adapter(str(out)).merge_and_unload()
+        target = work / MERGED_DIR
+        merged = load_adapter(str(work)).merge_and_unload()
         merged.config.use_cache = True
         merged.save_pretrained(str(target))
         self.tokenizer.save_pretrained(str(target))
-        self.card(target, "extended")
-        return str(target)
+        self.card(target, "extended", out / MERGED_DIR)
 
-    def card(self, directory: Path, kind: str) -> None:
+    def card(self, directory: Path, kind: str, final: Path) -> None:
+        """The model card of ``directory``, whose snippet loads ``final`` (where the folder ends up)."""
         labelled = [{**r, "rope_type": f"{r['rope_type']} ({r['when']})"} for r in self.results]
         write_model_card(
             directory,
             kind=kind,
+            model_id=str(Path(final).resolve()),
             base_model=self.cfg.model,
             rope_parameters=self.config.rope_parameters,
             rope_layout=getattr(self.config, "rope_layout", "half"),
@@ -238,8 +243,7 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
     model = model.to(state.device)
     if precision == "fp16":
         check_fp16(model, torch.tensor(datasets[0][:1]["input_ids"], device=state.device))
-    log_dir = Path(cfg.log_dir) if cfg.log_dir else Path(cfg.out) / "logs"
-    accelerator = make_accelerator(cfg, precision, log_dir)
+    accelerator = make_accelerator(cfg, precision, log_dir(cfg.out, cfg.resume_from, cfg.log_dir))
     parts = (cfg, accelerator, tokenizer, config, model, stages, datasets, settings_of(cfg), eval_documents)
     return Job(*parts, pretrain=pretrain)
 
@@ -265,8 +269,7 @@ def load_adapter(path: str, base: str | None = None, **kwargs):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(path)
-    base = (
-        base or json.loads((Path(path) / "adapter_config.json").read_text(encoding="utf-8"))["base_model_name_or_path"]
-    )
+    base = base or read_json(Path(path) / "adapter_config.json")["base_model_name_or_path"]
     model = AutoModelForCausalLM.from_pretrained(base, config=config, **kwargs)
-    return PeftModel.from_pretrained(model, path)
+    with peft_wrapping():
+        return PeftModel.from_pretrained(model, path)

@@ -1,0 +1,50 @@
+"""Evaluating a fine-tuned LoRA adapter as it is (not merged), the way peft's ``AutoPeftModelForCausalLM`` loads one:
+``eval --adapter DIR`` (base: ``--model``, else the adapter's ``base_model_name_or_path``), or the adapter folder as
+``--model``. The base is built with the adapter folder's ``config.json`` when it has one (``hf-rope-ext finetune``
+saves the extended config there: the rope parameters and length it was trained with), and its tokenizer when it has
+one; then the adapter goes on top.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..files import read_json
+from ..sources import check_model_path, resolve_model
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter(path) -> bool:
+    return path is not None and (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def split(model, adapter=None) -> tuple:
+    """(base model, adapter folder or None) for ``--model`` / ``--adapter``; an adapter folder given as ``--model``
+    stands for its base plus itself. ``(None, None)``: neither given."""
+    if adapter is None and is_adapter(model):
+        model, adapter = None, model
+    if adapter is None:
+        return (None if model is None else check_model_path(model)), None
+    adapter = Path(adapter)
+    if not is_adapter(adapter):
+        raise FileNotFoundError(f"--adapter {str(adapter)!r} is not a peft adapter folder (no {ADAPTER_CONFIG} there)")
+    base = model or read_json(adapter / ADAPTER_CONFIG).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{adapter / ADAPTER_CONFIG} names no base_model_name_or_path; pass --model BASE")
+    return resolve_model(str(base)), adapter
+
+
+def config_folder(base, adapter):
+    """Where the config (and tokenizer) are read: the adapter folder when it holds a config.json, else the base."""
+    return check_model_path(adapter) if adapter is not None and (Path(adapter) / "config.json").is_file() else base
+
+
+def attach(model, adapter):
+    """``model`` with the adapter of folder ``adapter`` on top (peft), unmerged."""
+    from peft import PeftModel
+
+    from ..quiet import peft_wrapping
+
+    with peft_wrapping():
+        return PeftModel.from_pretrained(model, str(adapter))

@@ -1,0 +1,54 @@
+"""What a report records about its run, so that any figure can be traced back to what produced it: the versions of
+the package, transformers, torch, peft and Python, the command as typed, the model (its path and a hash of its
+config and weights), the adapter, the evaluation data and the date (UTC)."""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import time
+from importlib import metadata as distributions
+from pathlib import Path
+
+HASHED_SUFFIXES = (".safetensors", ".bin", ".gguf")  # and config.json: what decides the model's outputs
+PACKAGES = ("hf-rope-ext", "transformers", "torch", "peft", "accelerate")
+
+
+def run_metadata(model, command: str, adapter=None, data=None) -> dict:
+    return {
+        "command": command,
+        "model": str(model),
+        "model_sha256": folder_hash(model),
+        "adapter": None if adapter is None else str(adapter),
+        "adapter_sha256": None if adapter is None else folder_hash(adapter),
+        "data": "the bundled evaluation split" if data is None else [str(d) for d in data],
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": {**{name: version(name) for name in PACKAGES}, "python": platform.python_version()},
+    }
+
+
+def version(name: str) -> str | None:
+    try:
+        return distributions.version(name)
+    except distributions.PackageNotFoundError:
+        return None
+
+
+def folder_hash(folder) -> str | None:
+    """sha256 over the names and contents of a model folder's config.json and weight files, in name order (None
+    for a Hub id or a folder without them)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    files = sorted(
+        p for p in folder.iterdir() if p.is_file() and (p.suffix in HASHED_SUFFIXES or p.name == "config.json")
+    )
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(8 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,24 @@
+"""``python tests/pause_after_first_step.py finetune ...``: the ``hf-rope-ext finetune`` command (as ``python -m
+hf_rope_ext``), except that after its first optimizer step it prints ``paused after step 1`` and waits until Ctrl-C
+(SIGINT) has reached the run's stop request. A test can so interrupt a run at a known step whatever the machine's load
+(a timed SIGINT could come after a short run had ended)."""
+
+import runpy
+import time
+
+from hf_rope_ext.train import loop
+
+stock = loop.after_step
+
+
+def after_step(run, step, index, loss):
+    row = stock(run, step, index, loss)
+    if step == 1:
+        print("paused after step 1", flush=True)
+        while not run.stop.asked:  # set by the SIGINT handler the run installed
+            time.sleep(0.01)
+    return row
+
+
+loop.after_step = after_step
+runpy.run_module("hf_rope_ext", run_name="__main__", alter_sys=True)
