@@ -29,6 +29,7 @@ from .frequencies.common import rope_setup
 from .frequencies.ntk import ntk_base
 from .models import find_family
 from .outputs import Staged
+from .progress import bar
 from .registry import BUILTIN_TYPES, get_method
 from .remote_code import write_remote_code
 
@@ -218,8 +219,6 @@ def check_layout(config: dict) -> None:
 
 def copy_files(src: Path, dst: Path) -> None:
     """Every top-level file but config.json and README.md, unchanged (weights, tokenizer, generation config)."""
-    from .progress import bar
-
     files = [p for p in sorted(src.iterdir()) if p.is_file() and p.name not in SKIPPED_FILES]
     files = [p for p in files if not p.name.startswith(".")]  # hidden ones (a manifest of ours) stay behind
     for path in bar(files, desc="copying", unit="file", enabled=len(files) >= 4):

@@ -20,6 +20,7 @@ from ..cards import relabel_layout
 from ..files import check_folder, read_json
 from ..models import family_of
 from ..outputs import Staged
+from ..progress import bar
 from .state_dict import check_direction, convert_tensors
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -156,6 +157,4 @@ def _write_layout(config_in: Path, config_out: Path, to: str) -> None:
 
 
 def _progress(items):
-    from ..progress import bar
-
     return bar(items, desc="convert-layout", unit="file", enabled=len(items) >= 2)

@@ -2,9 +2,10 @@
 
 ``finetune(FinetuneConfig(...))`` runs a job end to end; ``load_adapter(path)`` loads its output on the base with
 the extended rope parameters. Modules: ``data`` (text -> packed rows), ``positions`` (contiguous / PoSE / random
-position ids), ``model`` (base + target rope config, checks), ``lora`` (peft setup), ``loop`` (accelerate loop,
-checkpoints), ``evaluate`` (perplexity), ``config`` (the request and its checks), ``prepare`` (one job's state and
-outputs), ``finetune`` (the glue).
+position ids), ``model`` (base + target rope config, checks), ``lora`` (peft setup), ``loop`` (accelerate loop;
+``batches``, ``checkpoints``, ``csv_log``, ``interrupt``, ``loss`` its parts; ``run_folder`` where a run writes),
+``evaluate`` (perplexity), ``config`` (the request and its checks), ``prepare`` (one job's state and outputs),
+``finetune`` (the glue).
 """
 
 from .config import FinetuneConfig, parse_stages

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .batches import data_parallel
 from .checkpoints import check_checkpoint_tensors, checkpoint_step
 from .config import MERGED_DIR, FinetuneConfig, check_numbers, check_output, training_summary
-from .loop import data_parallel, train
+from .loop import train
 from .prepare import prepare_run
 from .run_folder import log_dir, run_folder
 

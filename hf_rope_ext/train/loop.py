@@ -1,6 +1,7 @@
 """The training loop on accelerate's engine: stages of (position span, window, steps), gradient accumulation,
-an LR schedule, checkpoints that resume exactly (``checkpoints``: batch order is a permutation drawn from (seed,
-stage, epoch), position ids from (seed, micro-batch index)), a tqdm bar and a CSV log (TensorBoard when installed).
+an LR schedule, checkpoints that resume exactly (``checkpoints``; ``batches``: batch order is a permutation drawn
+from (seed, stage, epoch); position ids from (seed, micro-batch index)), a progress bar (``progress``) and a CSV log
+(TensorBoard when installed).
 
 Many processes (DDP, FSDP): the loader yields *global* micro-batches of ``batch_size x data-parallel processes`` rows
 and accelerate hands each process its slice (``split_batches``); position ids are drawn for the whole global
@@ -20,6 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..progress import bar as progress_bar
+from .batches import data_parallel, micro_batches, stage_loaders
 from .checkpoints import keep_trainable_only, load_checkpoint, save_checkpoint
 from .context_parallel import shifted_labels
 from .csv_log import CsvLog
@@ -57,23 +60,6 @@ class LoopSettings:
         return {"stages": [asdict(s) for s in stages], "processes": processes, **{k: getattr(self, k) for k in keep}}
 
 
-class EpochSampler(torch.utils.data.Sampler):
-    """A permutation of [0, n) that depends on (seed, epoch) only: identical on every process and after a resume."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed, self.epoch = n, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
-        return iter(torch.randperm(self.n, generator=generator).tolist())
-
-    def __len__(self) -> int:
-        return self.n
-
-
 def make_optimizer(model, settings: LoopSettings, total_steps: int):
     """AdamW on the trainable parameters and transformers' LR schedule in optimizer steps (with ``split_batches``
     accelerate steps the scheduler once per optimizer step, whatever the process count)."""
@@ -85,47 +71,6 @@ def make_optimizer(model, settings: LoopSettings, total_steps: int):
         settings.scheduler, optimizer, num_warmup_steps=settings.warmup_steps, num_training_steps=total_steps
     )
     return optimizer, scheduler
-
-
-def data_parallel(accelerator) -> tuple[int, int]:
-    """(data-parallel size, this process' data-parallel rank): processes that get different rows. Tensor- and
-    context-parallel ranks of one group share their rows, as accelerate's ``prepare_data_loader`` shards them."""
-    mesh = getattr(accelerator, "torch_device_mesh", None)
-    if mesh is None:
-        return accelerator.num_processes, accelerator.process_index
-    names = mesh.mesh_dim_names or ()
-    size = {name: mesh[name].size() for name in names}
-    shared = size.get("tp", 1) * size.get("cp", 1)
-    return size.get("dp_replicate", 1) * size.get("dp_shard", 1), accelerator.process_index // shared
-
-
-def stage_loaders(accelerator, datasets, settings: LoopSettings):
-    """One prepared DataLoader per stage: global micro-batches of ``batch_size x data-parallel size`` rows (full ones
-    only), of which accelerate (``split_batches``) gives each process its ``batch_size`` rows, in rank order."""
-    if not accelerator.split_batches:
-        raise ValueError("the training loop needs an Accelerator with DataLoaderConfiguration(split_batches=True)")
-    global_batch = settings.batch_size * data_parallel(accelerator)[0]
-    loaders = []
-    for index, dataset in enumerate(datasets):
-        rows = dataset.with_format("torch", columns=["input_ids"])
-        sampler = EpochSampler(len(rows), settings.seed * 131 + index)
-        # its own generator: starting an epoch must not draw from the global RNG (dropout), or resume would drift
-        own = torch.Generator().manual_seed(settings.seed)
-        loader = torch.utils.data.DataLoader(
-            rows, batch_size=global_batch, sampler=sampler, drop_last=True, generator=own
-        )
-        loaders.append(accelerator.prepare(loader))
-    return loaders
-
-
-def micro_batches(accelerator, loader, start: int):
-    """Micro-batches of one stage from micro-batch index ``start`` on, epoch after epoch (never ends)."""
-    per_epoch = len(loader)
-    epoch, skip = divmod(start, per_epoch)
-    while True:
-        loader.set_epoch(epoch)
-        yield from accelerator.skip_first_batches(loader, skip) if skip else loader
-        epoch, skip = epoch + 1, 0
 
 
 def forward_loss(accelerator, model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -180,8 +125,6 @@ def train(
 ) -> list[dict]:
     """Run every stage; returns (the log rows of this call, the accelerate-prepared model).
     ``datasets[i]`` holds rows of ``stages[i].window`` tokens. Ctrl-C: see :class:`Interrupted`."""
-    from ..progress import bar as progress_bar
-
     total, plan = sum(s.steps for s in stages), settings.plan(stages, data_parallel(accelerator)[0])
     optimizer, scheduler = make_optimizer(model, settings, total)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
