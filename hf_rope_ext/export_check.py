@@ -21,8 +21,6 @@ class NotLowerable(ValueError):
     """The rope type has no exactly equivalent stock form."""
 
 
-
-
 def check_equivalent(src: Path, stock: Path) -> float:
     """Largest relative inv_freq difference (as built and after a long forward); NotLowerable above REL_TOLERANCE."""
     old, new = AutoConfig.from_pretrained(src), AutoConfig.from_pretrained(stock)

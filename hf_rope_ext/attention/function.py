@@ -65,13 +65,24 @@ def make_call(layer: Layer, module, query, key, value, mask, position_ids, memor
     k_pos = key_positions(q_pos, mask, key.shape[2])
     inv_freq, score_scale, tag = layer.frequencies(module.config, k_pos, query.device)
     return Call(
-        query, key, value, q_pos, k_pos, inv_freq, layer.params, layer.form, tag, score_scale, memory,
+        query,
+        key,
+        value,
+        q_pos,
+        k_pos,
+        inv_freq,
+        layer.params,
+        layer.form,
+        tag,
+        score_scale,
+        memory,
         constants=layer.constants,
     )
 
 
-def attend_layer(layer: Layer, implementation: str, module, query, key, value, attention_mask, scaling=None,
-                 dropout=0.0, **kwargs):
+def attend_layer(
+    layer: Layer, implementation: str, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
     """``attend`` for a module already resolved to ``layer``."""
     check_module(module, layer.name, implementation)
     softcap = refuse_extras(module, layer.name, implementation, kwargs)

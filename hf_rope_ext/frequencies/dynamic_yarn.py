@@ -62,9 +62,7 @@ METHOD = RopeMethod(
         "beta_fast": BETA_FAST,
         "beta_slow": BETA_SLOW,
         "truncate": TRUNCATE,
-        "attention_factor": Param(
-            default=None, exclusive_minimum=0, help="fixed cos/sin scale; default 0.1 ln s + 1"
-        ),
+        "attention_factor": Param(default=None, exclusive_minimum=0, help="fixed cos/sin scale; default 0.1 ln s + 1"),
     },
     summary="YaRN with factor max(1, seq_len/L0), recomputed as the sequence grows",
     dynamic=True,

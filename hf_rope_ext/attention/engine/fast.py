@@ -25,7 +25,7 @@ from .two_band import two_band_regular
 
 @functools.cache
 def plan_of(form: AttentionForm) -> str | None:
-    """"single", "two" or None (no fast plan for this declaration); once per declaration."""
+    """The fast plan of a declaration: "single", "two" or None (none); computed once per declaration."""
     bands = form.bands
     if len(bands) == 1 and bands[0].keys == "all" and bands[0].query_position is bands[0].key_position is None:
         return "single"

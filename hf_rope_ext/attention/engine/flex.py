@@ -89,9 +89,7 @@ def flex_kernel(flex=flex_attention):
     def kernel(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         block_mask = piece_block_mask(piece, q.shape[0], q.shape[2], k.shape[2], q.device)
         gqa = q.shape[1] != k.shape[1]
-        out, aux = flex(
-            q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa, return_aux=AuxRequest(lse=True)
-        )
+        out, aux = flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa, return_aux=AuxRequest(lse=True))
         return out, aux.lse
 
     return kernel
