@@ -9,7 +9,7 @@
 #    (torch.cuda.max_memory_allocated);
 # 2. long-context LoRA fine-tuning (benchmarks/bench_finetune_gpu.py): tokens/s, MFU, peak memory at 8k and 32k,
 #    and the longest sequence a step fits (1B and 7B shapes);
-# 3. the real-model pass key at 32k (scripts/real_model_passkey.py): see the HOOK line below.
+# 3. the real-model pass key at 32k (scripts/real_model_report.py, issue 24): see the HOOK line below.
 # Then benchmarks/gpu_report.py gathers them into one JSON and one markdown table. Without a CUDA device it stops
 # at once with a message and exit status 2, measuring nothing. PYTHON picks the interpreter (default .venv/bin/python).
 set -euo pipefail
@@ -30,7 +30,9 @@ PYTHONPATH=. "$PY" benchmarks/bench_attention.py --device cuda --head-dims 128 -
 
 PYTHONPATH=. "$PY" benchmarks/bench_finetune_gpu.py --reach --json "$OUT/finetune.json" | tee "$OUT/finetune.txt"
 
-# >>> HOOK real-model passkey at 32k (issue 24: the lead's scripts/real_model_passkey.py); enable once it lands:
-# PYTHONPATH=. "$PY" scripts/real_model_passkey.py --lengths 32768 --out "$OUT/passkey" | tee "$OUT/passkey.txt"
+# >>> HOOK real-model pass key at 32k (issue 24's scripts/real_model_report.py, which replaced real_model_passkey.py):
+# it measures on the CPU (extend.evaluate_method loads models on loading.load_model's default device) and fetches
+# SmolLM2 on first use (the GPU machine has no network: carry ~/.cache/hf_rope_ext); enable once it takes a device:
+# PYTHONPATH=. "$PY" scripts/real_model_report.py --cells yarn:4 --out "$OUT/passkey" | tee "$OUT/passkey.txt"
 
 "$PY" benchmarks/gpu_report.py "$OUT"
