@@ -19,6 +19,7 @@ elementwise and not timed here, while the package's types rotate inside the call
   step given the mask transformers builds for it (the filled slots), plain RoPE included.
 Every (type, case) is measured once per repeat, types interleaved within each repeat, ``--repeats`` repeats; the
 table gives min and median over repeats (the machine may be shared: min is the better estimate of the cost).
+``--json PATH`` also writes every (case, rope type) record.
 Peak memory: CUDA ``max_memory_allocated`` above the start; CPU the process's peak resident set (VmHWM, reset
 through /proc/self/clear_refs) above the resident set at the start, with glibc told to return every freed block
 of 64 KiB or more to the system at once (``MALLOC_MMAP_THRESHOLD_``, set by re-running itself), so that the
@@ -28,6 +29,7 @@ peak of one call is not hidden by memory freed earlier.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -186,36 +188,38 @@ def measure_case(args, case) -> dict[str, list[tuple[float, float]]]:
     return results
 
 
-def table_rows(case, results) -> list[str]:
+def records(case, results) -> list[dict]:
+    """One record per rope type of a case: times (min and median over repeats), ratios to plain, peak MiB."""
     head_dim, dtype, kind, length = case
     base = results["default"]
     base_min, base_med = min(r[0] for r in base), statistics.median(r[0] for r in base)
     base_mem = min(r[1] for r in base)
-    rows = []
+    found = []
     for name, runs in results.items():
-        t_min, t_med = min(r[0] for r in runs), statistics.median(r[0] for r in runs)
-        mem = min(r[1] for r in runs)
-        mem_ratio = f"{mem / base_mem:.2f}" if base_mem >= 1 else "-"  # below 1 MiB: not measurable here
-        rows.append(
-            f"| {head_dim} | {dtype} | {kind} | {length} | {name} | {t_min:.4f} | {t_min / base_min:.2f} | "
-            f"{t_med / base_med:.2f} | {mem:.0f} | {mem_ratio} |"
-        )
-    return rows
+        t_min, t_med, mem = min(r[0] for r in runs), statistics.median(r[0] for r in runs), min(r[1] for r in runs)
+        ratios = {"ratio_min": t_min / base_min, "ratio_median": t_med / base_med}
+        peak = {"peak_mib": mem, "peak_ratio": mem / base_mem if base_mem >= 1 else None}  # below 1 MiB: not measured
+        what = {"pass": kind, "tokens": length, "head_dim": head_dim, "dtype": dtype, "rope_type": name}
+        found.append({**what, "time_min_s": t_min, "time_median_s": t_med, **ratios, **peak})
+    return found
 
 
-def compact_row(case, results) -> str:
+def table_rows(found: list[dict]) -> list[str]:
+    return [
+        f"| {r['head_dim']} | {r['dtype']} | {r['pass']} | {r['tokens']} | {r['rope_type']} | {r['time_min_s']:.4f} | "
+        f"{r['ratio_min']:.2f} | {r['ratio_median']:.2f} | {r['peak_mib']:.0f} | "
+        + (f"{r['peak_ratio']:.2f} |" if r["peak_ratio"] is not None else "- |")
+        for r in found
+    ]
+
+
+def compact_row(found: list[dict]) -> str:
     """One row of the summary: plain's time, then per type time ratio (min) / peak ratio."""
-    head_dim, dtype, kind, length = case
-    base = results["default"]
-    base_min, base_mem = min(r[0] for r in base), min(r[1] for r in base)
-    cells = []
-    for name, runs in results.items():
-        if name == "default":
-            continue
-        ratio = f"{min(r[0] for r in runs) / base_min:.2f}"
-        mem = min(r[1] for r in runs)
-        cells.append(ratio + (f" / {mem / base_mem:.2f}" if base_mem >= 1 else ""))
-    return f"| {kind} | {length} | {head_dim} | {dtype} | {base_min:.4f} | " + " | ".join(cells) + " |"
+    base = next(r for r in found if r["rope_type"] == "default")
+    others = [r for r in found if r is not base]
+    cells = [f"{r['ratio_min']:.2f}" + (f" / {r['peak_ratio']:.2f}" if r["peak_ratio"] else "") for r in others]
+    head = f"| {base['pass']} | {base['tokens']} | {base['head_dim']} | {base['dtype']} | {base['time_min_s']:.4f} | "
+    return head + " | ".join(cells) + " |"
 
 
 def parse(argv=None):
@@ -231,6 +235,7 @@ def parse(argv=None):
     parser.add_argument("--steps", type=int, default=8, help="decode steps counted per measurement")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", help="also write every record (case, rope type, times, ratios, peak) here")
     args = parser.parse_args(argv)
     if "default" not in args.types:
         args.types = ["default", *args.types]
@@ -253,14 +258,20 @@ def main(argv=None) -> int:
         "| pass | tokens | head_dim | dtype | plain s (min) | " + " | ".join(others) + " |",
         "| --- | ---: | ---: | --- | ---: | " + " | ".join("---:" for _ in others) + " |",
     ]
+    found = []
     for case in cases(args):
-        results = measure_case(args, case)
-        lines += table_rows(case, results)
-        summary.append(compact_row(case, results))
+        new = records(case, measure_case(args, case))
+        lines += table_rows(new)
+        summary.append(compact_row(new))
+        found += new
     print(f"\n{args.device}, {args.threads} thread(s), {args.repeats} interleaved repeats, window {WINDOW}")
     print("\n".join(lines))
     print("\nx plain sdpa: time (min over repeats) / peak memory (prefill)")
     print("\n".join(summary))
+    if args.json:
+        device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+        meta = dict(device=device, torch=torch.__version__, threads=args.threads, repeats=args.repeats, window=WINDOW)
+        Path(args.json).write_text(json.dumps({**meta, "records": found}, indent=2), encoding="utf-8")
     return 0
 
 

@@ -8,7 +8,8 @@ the command calls :func:`load` before running a subcommand that needs them, and 
 import os
 import sys
 
-__version__ = "0.1.0"
+from .version import __version__
+
 __all__ = [
     "available_rope_types",
     "cache_keyword",
@@ -23,22 +24,21 @@ __all__ = [
 
 def load() -> None:
     """Import the public names and register the rope types into transformers (idempotent)."""
-    from . import _transformers, configure, layout, registry
-    from .attention.cache_layers import rope_cache
+    from . import _transformers, configure, registry
+    from ._transformers.cache_layers import rope_cache
     from .export import export  # portable export; the function shadows the submodule's attribute name
-    from .models.roformer import install as install_roformer
+    from .layout.model import convert_layout
 
     globals().update(
         rope_parameters_for=configure.rope_parameters_for,
         export=export,
-        convert_layout=layout.convert_layout,
+        convert_layout=convert_layout,
         available_rope_types=registry.available_rope_types,
         get_method=registry.get_method,
         rope_cache=rope_cache,
         cache_keyword=_transformers.cache_keyword,
     )
     _transformers.install()
-    install_roformer()
 
 
 def __getattr__(name: str):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .param_spec import REQUIRED, Param, require_greater
+from .declare import REQUIRED, Param, require_greater
 
 FACTOR = Param(minimum=1.0, help="context extension factor s")
 L0 = Param(default=REQUIRED, kind="int", minimum=1, help="L0, the pretraining length")

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .files import read_json
 from .registry import available_rope_types
 
 MARKER = "<!-- hf-rope-ext:generated"
@@ -242,8 +243,6 @@ def _check_choice(key: str, value: Any, allowed: list[str]) -> None:
 
 def _read_config(directory: Path) -> dict:
     path = directory / "config.json"
-    from .files import read_json
-
     return read_json(path) if path.is_file() else {}
 
 

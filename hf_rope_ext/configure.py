@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import registry
+from .sources import read_config
+
 KEPT_KEYS = ("rope_theta", "partial_rotary_factor")
 ORIGINAL = "original_max_position_embeddings"
 
@@ -41,8 +44,6 @@ def extended_max_positions(rope_type: str | None, pretrain: int, length: int) ->
 
 def accepted_keys(rope_type: str) -> dict[str, bool]:
     """Keys ``rope_type`` takes besides rope_type/rope_theta -> whether each is required. KeyError if unknown."""
-    from . import registry
-
     params, _ = registry.type_spec(rope_type)
     return {"partial_rotary_factor": False, **{key: p.default is registry.REQUIRED for key, p in params.items()}}
 
@@ -58,9 +59,6 @@ def rope_parameters_for(source: Any, rope_type: str | None, **params: Any) -> di
     range, or parameters that contradict each other raise an error naming the key, the value and what is allowed.
     ``rope_type=None`` returns the saved parameters unchanged.
     """
-    from . import registry
-    from .sources import read_config
-
     config = read_config(source)
     saved = _flat_rope_parameters(config)
     if rope_type is None:

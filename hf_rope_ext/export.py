@@ -18,23 +18,22 @@ existing ``dst`` is written only with ``overwrite`` and then keeps every file th
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cards import write_model_card
+from .export_check import NotLowerable, check_equivalent
 from .files import check_folder, read_json
+from .frequencies.common import rope_setup
+from .frequencies.ntk import ntk_base
+from .models import find_family
 from .outputs import Staged
+from .progress import bar
 from .registry import BUILTIN_TYPES, get_method
+from .remote_code import write_remote_code
 
 SKIPPED_FILES = ("config.json", "README.md")  # rewritten / regenerated; every other top-level file is copied
-# inv_freq may differ by the fp32 rounding of an equivalent formula (a longrope factor cannot always reproduce an
-# fp32 inv_freq exactly: 1 ulp), about the rounding of fp32 angles themselves; no more than 8 ulp is accepted.
-REL_TOLERANCE = 1e-6
-
-
-class NotLowerable(ValueError):
-    """The rope type has no exactly equivalent stock form."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +76,6 @@ def _build(src: Path, staging: Path, config: dict, remote_code: bool) -> tuple:
     except NotLowerable as err:
         if not remote_code:
             raise NotLowerable(f"{err}; pass --remote-code to ship it as trust_remote_code") from None
-        from .remote_code import write_remote_code
-
         write_json(staging / "config.json", write_remote_code(staging, config))
         return ("remote-code", source, source, None)
     write_json(staging / "config.json", lowered)
@@ -113,8 +110,6 @@ def lower_parameters(params: dict, config, layer_type: str | None) -> dict:
     if method.kind != "frequency" or method.dynamic:
         why = "attention-level" if method.kind != "frequency" else "dynamic (its frequencies depend on the length)"
         raise NotLowerable(f"rope_type={rope_type!r} is {why}: no stock transformers type is equivalent")
-    from .frequencies.common import rope_setup
-
     setup = rope_setup(config, layer_type)
     kept = {k: params[k] for k in ("partial_rotary_factor",) if params.get(k) is not None}
     return {**LOWERINGS.get(rope_type, to_longrope)(params, setup, method, config, layer_type), **kept}
@@ -122,8 +117,6 @@ def lower_parameters(params: dict, config, layer_type: str | None) -> dict:
 
 def to_default(params, setup, method, config, layer_type) -> dict:
     """ntk: the same base formula with b * s^(d/(d-2)), attention factor 1."""
-    from .frequencies.ntk import ntk_base
-
     return {"rope_type": "default", "rope_theta": ntk_base(setup.base, float(params["factor"]), setup.dim)}
 
 
@@ -184,74 +177,6 @@ def legacy_keys(params: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# numerical check: transformers' rotary module on the new config against the package's on the old one
-
-
-def check_equivalent(src: Path, stock: Path) -> float:
-    """Largest relative inv_freq difference (as built and after a long forward); NotLowerable above REL_TOLERANCE."""
-    from transformers import AutoConfig
-
-    old, new = AutoConfig.from_pretrained(src), AutoConfig.from_pretrained(stock)
-    rotary = rotary_class(old)
-    a, b = rotary(config=old), rotary(config=new)
-    out_a, out_b = _rotary_outputs(a, old), _rotary_outputs(b, new)
-    error = max(_rel_error(x, y) for x, y in zip(out_a, out_b, strict=True)) if len(out_a) == len(out_b) else math.inf
-    scale_a, scale_b = _scalings(a), _scalings(b)
-    same_scale = len(scale_a) == len(scale_b) and all(
-        math.isclose(x, y, rel_tol=1e-12) for x, y in zip(scale_a, scale_b, strict=True)
-    )
-    if error > REL_TOLERANCE or not same_scale:
-        raise NotLowerable(
-            f"the stock form {new.rope_parameters!r} is not equivalent to {old.rope_parameters!r}: relative "
-            f"difference {error:.3g} (allowed {REL_TOLERANCE:g}), attention factors {scale_a} vs {scale_b}"
-        )
-    return error
-
-
-def rotary_class(config):
-    """The family's rotary embedding class (the one that reads ROPE_INIT_FUNCTIONS)."""
-    import importlib
-
-    from transformers.models.auto.configuration_auto import model_type_to_module_name
-
-    name = model_type_to_module_name(config.model_type)
-    module = importlib.import_module(f"transformers.models.{name}.modeling_{name.split('.')[-1]}")
-    found = [
-        v
-        for k, v in vars(module).items()
-        if k.endswith("RotaryEmbedding") and hasattr(v, "compute_default_rope_parameters")
-    ]
-    if len(found) != 1:
-        raise ValueError(
-            f"model_type={config.model_type!r} has no single stock rotary embedding reading rope_parameters "
-            f"(found {[c.__name__ for c in found]}); a portable export cannot be checked for it"
-        )
-    return found[0]
-
-
-def _rotary_outputs(module, config) -> list:
-    """Its inv_freq buffers as built, then after a forward at twice max_position_embeddings (dynamic updates)."""
-    import torch
-
-    built = [b.clone() for n, b in sorted(module.named_buffers()) if n.endswith("inv_freq")]
-    positions = torch.arange(2 * config.max_position_embeddings)[None]  # [1, 2 * max_position_embeddings]
-    with torch.no_grad():
-        module(torch.zeros(1, dtype=torch.float32), positions)
-    return built + [b for n, b in sorted(module.named_buffers()) if n.endswith("inv_freq")]
-
-
-def _rel_error(x, y) -> float:
-    if x.shape != y.shape:
-        return float("inf")
-    return ((x - y).abs() / y.abs().clamp_min(1e-30)).max().item() if x.numel() else 0.0
-
-
-def _scalings(module) -> list[float]:
-    scaling = module.attention_scaling
-    return [float(v) for _, v in sorted(scaling.items())] if isinstance(scaling, dict) else [float(scaling)]
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # files
 
 
@@ -280,19 +205,20 @@ def check_paths(src: Path, dst: Path) -> None:
 
 
 def check_layout(config: dict) -> None:
-    """Stock transformers runs half-layout weights only; interleaved ones need the package's load-time conversion."""
-    layout = config.get("rope_layout", "half")
-    if layout != "half":
+    """Stock transformers runs a family's weights in its own layout only (the family's default: half for the
+    rope-registry families); others need the package's load-time conversion."""
+    family = find_family(config.get("model_type"))
+    stock = family.default_layout if family is not None else "half"
+    layout = config.get("rope_layout") or stock
+    if layout != stock:
         raise NotLowerable(
-            f"rope_layout={layout!r} in config.json: stock transformers only runs 'half' weights (convert first with "
-            "hf-rope-ext convert-layout SRC TMP --to half)"
+            f"rope_layout={layout!r} in config.json: stock transformers only runs {stock!r} weights (convert first "
+            f"with hf-rope-ext convert-layout SRC TMP --to {stock})"
         )
 
 
 def copy_files(src: Path, dst: Path) -> None:
     """Every top-level file but config.json and README.md, unchanged (weights, tokenizer, generation config)."""
-    from .progress import bar
-
     files = [p for p in sorted(src.iterdir()) if p.is_file() and p.name not in SKIPPED_FILES]
     files = [p for p in files if not p.name.startswith(".")]  # hidden ones (a manifest of ours) stay behind
     for path in bar(files, desc="copying", unit="file", enabled=len(files) >= 4):
@@ -304,8 +230,6 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def _write_card(staging: Path, result: tuple, model_id: str, base_model, license, notes) -> None:
-    from .cards import write_model_card
-
     mode, source, params, error = result
     extra = (
         f"Lowering checked against transformers' rotary module: max relative difference {error:.3g}."

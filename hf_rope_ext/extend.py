@@ -16,13 +16,15 @@ from pathlib import Path
 
 import torch
 
-from . import registry
+from . import cards, registry
+from .configure import extended_max_positions
 from .eval import loading
 from .eval.data import load_token_documents, long_enough
 from .eval.far_context import sliding_window_baseline, with_far_context
 from .eval.last_chunk import last_chunk_losses
 from .eval.perplexity import CachedLosses
 from .eval.runner import EvalPlan, evaluate_model, label
+from .models import layout_of
 from .progress import bar
 
 BUILTIN_METHODS = ("linear", "dynamic", "yarn")
@@ -178,10 +180,6 @@ def save_extended(path, rope_type, factor, out, records, plot=None, extra=None, 
     transformers, vLLM or TGI read as the model's context, and L0 as ``original_max_position_embeddings`` in the rope
     parameters wherever the type takes it (see ``configure.pretraining_length``, ``extended_max_positions``)."""
     from transformers import AutoConfig
-
-    from . import cards
-    from .configure import extended_max_positions
-    from .rotary import layout_of
 
     path = loading.check_model_path(path)
     config = AutoConfig.from_pretrained(path)

@@ -1,29 +1,46 @@
 """The table of RoPE methods this package adds: name -> parameters, frequency function, kind.
 
-A method is one module that calls :func:`register` at import time. Everything else (transformers
-registration, validation, the ``list`` command, the generic tests) reads this table.
+A method is one module declaring a ``RopeMethod`` (``declare``) as its ``METHOD``, listed in its package's
+``METHODS`` (``frequencies``, ``attention.methods``); this module registers them all when imported, and
+:func:`register` adds others later. Everything else (transformers registration, validation, the ``list`` command,
+the generic tests) reads this table.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from .attention.methods import METHODS as ATTENTION_METHODS
 from .builtin_types import BUILTIN_CHECKS, BUILTIN_PARAMS, BUILTIN_SUMMARIES, BUILTIN_TYPES
+from .declare import COMMON_KEYS, REQUIRED, CheckFn, FrequencyFn, Param, RopeMethod
 from .did_you_mean import did_you_mean, typo_of
-from .param_spec import REQUIRED, Param
+from .frequencies import METHODS as FREQUENCY_METHODS
 
-__all__ = ["BUILTIN_SUMMARIES", "BUILTIN_TYPES", "REQUIRED", "Param", "RopeMethod", "register", "validate"]
-
-# Keys every method accepts besides its own (transformers fills some of them in itself).
-COMMON_KEYS = {
-    "rope_type": Param(default="default", help="the method's name"),
-    "type": Param(default=None, help="legacy spelling of rope_type"),
-    "rope_theta": Param(default=10000.0, exclusive_minimum=0, help="RoPE base b"),
-    "partial_rotary_factor": Param(default=1.0, exclusive_minimum=0, help="fraction of head_dim rotated"),
-}
+__all__ = [
+    "BUILTIN_SUMMARIES",
+    "BUILTIN_TYPES",
+    "COMMON_KEYS",
+    "REQUIRED",
+    "CheckFn",
+    "FrequencyFn",
+    "Param",
+    "RopeMethod",
+    "RopeParameterError",
+    "available_rope_types",
+    "example_parameters",
+    "filled",
+    "find",
+    "get_method",
+    "methods",
+    "off_register",
+    "on_register",
+    "param_value",
+    "register",
+    "type_spec",
+    "validate",
+]
 
 # Keys every type of the package accepts besides its own.
 PACKAGE_KEYS = {
@@ -31,24 +48,6 @@ PACKAGE_KEYS = {
         default=None, kind="int", minimum=1, help="L0, the pretraining length (default max_position_embeddings)"
     )
 }
-
-# Signature shared with transformers' ROPE_INIT_FUNCTIONS.
-FrequencyFn = Callable[..., tuple["Any", float]]  # (config, device=None, seq_len=None, layer_type=None)
-CheckFn = Callable[[dict, Any], None]  # (rope_parameters, config) -> raises ValueError
-
-
-@dataclass(frozen=True)
-class RopeMethod:
-    name: str
-    kind: Literal["frequency", "attention"]
-    frequencies: FrequencyFn  # the real inv_freq and attention factor of the method
-    params: dict[str, Param] = field(default_factory=dict)
-    summary: str = ""
-    dynamic: bool = False  # frequencies depend on the sequence length
-    check: CheckFn | None = None  # cross-parameter checks beyond the per-key ones
-    families: tuple[str, ...] | None = None  # model_type values supported; None means every rope-registry family
-    training_free: bool = True  # meaningful on a model pretrained with plain RoPE (False: xPos, RoPER need training)
-    example: dict = field(default_factory=dict)  # valid parameters besides rope_type, for docs and generic tests
 
 
 def example_parameters(method: RopeMethod, factor: float = 2.0) -> dict:
@@ -85,6 +84,12 @@ def on_register(callback: Callable[[RopeMethod], None]) -> None:
         _ON_REGISTER.append(callback)
 
 
+def off_register(callback: Callable[[RopeMethod], None]) -> None:
+    """Stop calling ``callback`` for methods registered from now on."""
+    if callback in _ON_REGISTER:
+        _ON_REGISTER.remove(callback)
+
+
 def get_method(name: str) -> RopeMethod:
     if name not in _METHODS:
         raise KeyError(
@@ -96,22 +101,16 @@ def get_method(name: str) -> RopeMethod:
 
 def available_rope_types() -> list[str]:
     """Every rope_type this package adds, sorted."""
-    _load_methods()
     return sorted(_METHODS)
 
 
 def methods() -> list[RopeMethod]:
-    _load_methods()
     return [_METHODS[n] for n in sorted(_METHODS)]
 
 
-def registered() -> list[RopeMethod]:
-    """The methods registered so far, without importing the method packages (for use during their import)."""
-    return list(_METHODS.values())
-
-
-def _load_methods() -> None:
-    from . import attention, frequencies  # noqa: F401  (importing the packages registers their modules)
+def find(name) -> RopeMethod | None:
+    """The method registered as ``name`` so far, or None (without importing the method packages)."""
+    return _METHODS.get(name)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -216,3 +215,12 @@ def param_value(rope_parameters: dict, method: RopeMethod, key: str) -> Any:
     """The value of ``key`` in ``rope_parameters``, or the method's default when it is absent or None."""
     value = rope_parameters.get(key)
     return method.params[key].default if value is None else value
+
+
+def filled(rope_parameters: dict, method: RopeMethod) -> dict:
+    """``rope_parameters`` with ``method``'s defaults for keys absent or None."""
+    return {**rope_parameters, **{k: param_value(rope_parameters, method, k) for k in method.params}}
+
+
+for _method in (*FREQUENCY_METHODS, *ATTENTION_METHODS):  # the package's own methods, declared in their modules
+    register(_method)

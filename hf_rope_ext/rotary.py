@@ -9,19 +9,6 @@ from __future__ import annotations
 
 import torch
 
-LAYOUTS = ("half", "interleaved")
-
-
-def check_layout(layout: str, key: str = "rope_layout") -> str:
-    if layout not in LAYOUTS:
-        raise ValueError(f"{key}={layout!r} is not a RoPE layout; allowed: {list(LAYOUTS)}")
-    return layout
-
-
-def layout_of(config, default: str = "half") -> str:
-    """The layout a config records in ``rope_layout`` (``default`` when it records none)."""
-    return check_layout(getattr(config, "rope_layout", None) or default)
-
 
 def angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """positions [..., L] (any dtype) x inv_freq [d/2] -> angles [..., L, d/2] in fp32, autocast off."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import from_gguf
 from .files import check_folder
 
 PROBE_TIMEOUT_S = 5.0
@@ -15,8 +16,6 @@ PROBE_TIMEOUT_S = 5.0
 def check_model_path(path) -> Path:
     """A local model folder (with a readable config.json and weights), or a GGUF file, converted once to a folder
     (``from_gguf``); FileNotFoundError naming what is missing, UnreadableFileError naming a damaged file."""
-    from . import from_gguf
-
     path = Path(path)
     if from_gguf.is_gguf(path):
         return from_gguf.model_folder(path)

@@ -26,6 +26,14 @@ ATTENTION_PARAMS = {
     "xpos": {"scale_base": 8.0},
     "roper": {"value_rotary_factor": 1.0},
 }
+# the same with windows of 5 over 40-token calls: the engines' tests (tests/test_attention_fast.py, _engines.py)
+ENGINE_PARAMS = {
+    "rerope": {"window": 5},
+    "leaky_rerope": {"window": 5, "factor": 2.5},
+    "self_extend": {"window": 5, "group_size": 3},
+    "xpos": {"scale_base": 8.0},
+    "roper": {"value_rotary_factor": 1.0},
+}
 TINY = dict(
     vocab_size=97,
     hidden_size=64,

@@ -15,7 +15,7 @@ from conftest import tiny_model
 from transformers.modeling_utils import AttentionInterface
 
 from hf_rope_ext import registry
-from hf_rope_ext.attention import dispatch
+from hf_rope_ext.attention.engine import reference
 
 ATTENTION_METHODS = [m for m in registry.methods() if m.kind == "attention"]
 # parameters that make every band matter in 24 tokens
@@ -181,7 +181,7 @@ def test_shifting_every_position_leaves_logits_unchanged(name, implementation, i
 def test_query_chunks_give_the_same_logits(method, implementation, ids, monkeypatch):
     model = tiny_model("llama", with_params(method.name), attn_implementation=implementation)
     whole = logits(model, ids)
-    monkeypatch.setattr(dispatch, "SCORE_BUDGET", 2 * 4 * 24 * 2 * 3)  # 3 query rows per chunk
+    monkeypatch.setattr(reference, "SCORE_BUDGET", 2 * 4 * 24 * 2 * 3)  # 3 query rows per chunk
     torch.testing.assert_close(logits(model, ids), whole, rtol=0, atol=1e-5)
 
 
@@ -189,7 +189,7 @@ def test_query_chunks_give_the_same_logits(method, implementation, ids, monkeypa
 @pytest.mark.parametrize("method", ATTENTION_METHODS, ids=lambda m: m.name)
 def test_packed_sequences_with_restarting_positions(method, implementation, monkeypatch):
     """Two sequences in one row (positions restart, block-diagonal mask) == each run alone; chunks straddle them."""
-    monkeypatch.setattr(dispatch, "SCORE_BUDGET", 4 * 18 * 2 * 4)  # 4 rows per chunk: one chunk holds both
+    monkeypatch.setattr(reference, "SCORE_BUDGET", 4 * 18 * 2 * 4)  # 4 rows per chunk: one chunk holds both
     model = tiny_model("llama", with_params(method.name), attn_implementation=implementation)
     a, b = torch.randint(3, 97, (1, 10)), torch.randint(3, 97, (1, 8))
     segment = torch.cat((torch.zeros(10), torch.ones(8)))

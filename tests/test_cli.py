@@ -34,7 +34,7 @@ def test_help_lists_the_subcommands_without_importing_torch_or_transformers():
 
 
 def test_list_json_runs_without_importing_torch_or_transformers():
-    """``list`` reads the method table, which the method modules declare without torch (attention/table.py)."""
+    """``list`` reads the method table, which the method modules declare without torch (attention/methods/)."""
     code = (
         "import json, sys, io, contextlib\n"
         "sys.argv = ['hf-rope-ext', 'list', '--json']  # as the console script starts\n"

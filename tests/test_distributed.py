@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from hf_rope_ext.cli import main
 from hf_rope_ext.train import FinetuneConfig, finetune
-from hf_rope_ext.train.loop import CsvLog
+from hf_rope_ext.train.csv_log import CsvLog
 
 ROOT = Path(__file__).resolve().parents[1]
 L0 = 32

@@ -248,3 +248,16 @@ def test_cli(tmp_path, capsys):
     )
     assert main(["export", str(dynamic), str(tmp_path / "dynamic-out")]) == 2
     assert "no stock transformers type is equivalent" in capsys.readouterr().err
+
+
+def test_a_checkpoint_in_its_familys_own_layout_is_what_stock_transformers_runs():
+    """The family says which layout stock transformers runs: half for Llama, interleaved for RoFormer."""
+    from hf_rope_ext.export import check_layout
+
+    check_layout({"model_type": "llama"})
+    check_layout({"model_type": "roformer"})  # its native interleaved layout, recorded or not
+    check_layout({"model_type": "roformer", "rope_layout": "interleaved"})
+    with pytest.raises(NotLowerable, match="rope_layout='half'.*only runs 'interleaved'"):
+        check_layout({"model_type": "roformer", "rope_layout": "half"})
+    with pytest.raises(NotLowerable, match="rope_layout='interleaved'.*only runs 'half'"):
+        check_layout({"model_type": "llama", "rope_layout": "interleaved"})

@@ -69,8 +69,8 @@ def test_reach_when_nothing_fits(bench):
 
 def test_loss_path_equals_the_models_own_loss(bench):
     """The benchmark's plain loss (decoder hidden states + chunked head) == the full model's next-token loss."""
-    from hf_rope_ext.train.loop import causal_lm_loss
     from hf_rope_ext.train.lora import apply_lora
+    from hf_rope_ext.train.loss import causal_lm_loss
 
     config = LlamaConfig(**{**bench.SHAPES["1b"], "hidden_size": 32, "intermediate_size": 48, "vocab_size": 100})
     config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads = 1, 4, 2

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, RoFormerConfig, RoFormerModel
 
 from hf_rope_ext import convert_layout, registry
-from hf_rope_ext.attention.scoring import routes_through_attention
+from hf_rope_ext.attention.layer import routes_through_attention
 from hf_rope_ext.registry import REQUIRED
 
 IDS = torch.tensor([[5, 17, 3, 88, 42, 9, 61, 23, 7, 30, 11, 2]])
@@ -252,7 +252,7 @@ def test_converting_a_live_model_changes_what_it_saves_not_its_logits(family, lo
 
 
 def _layout_ops(transforms) -> list:
-    from hf_rope_ext._transformers import RopeLayoutToHalf
+    from hf_rope_ext._transformers.conversions import RopeLayoutToHalf
 
     return [op for t in transforms for op in getattr(t, "operations", ()) if isinstance(op, RopeLayoutToHalf)]
 

@@ -1,4 +1,5 @@
-"""RoFormer runtime (hf_rope_ext.models.roformer): stock when not asked, scaled, past its table, RoPER, both layouts.
+"""RoFormer runtime (hf_rope_ext.models.roformer, installed by the seam hf_rope_ext._transformers.roformer): stock
+when not asked, scaled, past its table, RoPER, both layouts.
 
 References are independent of the module: stock RoFormer whose sinusoidal table the test fills itself, transformers'
 Llama rotary embedding for the same rope_parameters, and slow formula-by-formula rotations.
@@ -25,6 +26,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 from transformers.models.roformer import modeling_roformer
 
 from hf_rope_ext import registry
+from hf_rope_ext._transformers import roformer as seam
 from hf_rope_ext.models import roformer
 
 MAX_POS, HEADS, HIDDEN = 16, 4, 32
@@ -84,7 +86,7 @@ def build(cls=RoFormerForMaskedLM, seed: int = 0, **overrides):
 
 def twin(model, cls=None, **overrides):
     """A model of the same weights, built from the same config plus ``overrides``."""
-    keep = (*TINY, "is_decoder", "rotary_value", *roformer._CONFIG_KEYS)
+    keep = (*TINY, "is_decoder", "rotary_value", *roformer.CONFIG_KEYS)
     kwargs = {k: v for k, v in model.config.to_dict().items() if k in keep}
     other = build(cls or type(model), **{**kwargs, **overrides})
     other.load_state_dict(model.state_dict())
@@ -93,14 +95,14 @@ def twin(model, cls=None, **overrides):
 
 def _stock_decoder_is_causal() -> bool:
     """transformers 5.17's RoFormerForCausalLM lets positions see later tokens (fixed in later 5.x)."""
-    roformer.uninstall()
+    seam.uninstall()
     try:
         model = build(RoFormerForCausalLM, num_hidden_layers=1)
         ids = torch.randint(0, 50, (1, MAX_POS))
         with torch.no_grad():
             return torch.allclose(model(ids).logits[:, :8], model(ids[:, :8]).logits, atol=1e-5)
     finally:
-        roformer.install()
+        seam.install()
 
 
 def _from_pretrained_keeps_rope_kwargs() -> bool:
@@ -140,7 +142,7 @@ def table(positions: torch.Tensor, base: float = 10000.0, dim: int = HEAD_DIM) -
 def stock_with_table(model, rows: torch.Tensor):
     """Stock RoFormer (no rope parameters) with the same weights, its sinusoidal table replaced by ``rows``."""
     ref = twin(model, rope_parameters=None, rope_theta=None, rope_layout=None)
-    assert roformer.rope_of(ref) is None
+    assert seam.rope_of(ref) is None
     with torch.no_grad():
         ref.roformer.encoder.embed_positions.weight.copy_(rows)
     return ref
@@ -158,7 +160,7 @@ def test_no_rope_parameters_is_stock(cls, rotary_value):
     ours = logits(model, x)
     encoder = model.roformer.encoder
     assert "_hf_rope_ext" not in vars(encoder) and "forward" not in vars(encoder.embed_positions)
-    roformer.uninstall()
+    seam.uninstall()
     try:
         assert not hasattr(modeling_roformer.RoFormerEncoder.__init__, "__wrapped__")
         stock = build(cls, rotary_value=rotary_value)
@@ -166,18 +168,18 @@ def test_no_rope_parameters_is_stock(cls, rotary_value):
         torch.testing.assert_close(logits(stock, x), ours, atol=1e-6, rtol=0)
         assert torch.equal(logits(stock, x), ours)
     finally:
-        roformer.install()
+        seam.install()
 
 
 def test_install_is_idempotent_and_uninstall_restores():
     wrapped = modeling_roformer.RoFormerEncoder.__init__, modeling_roformer.RoFormerEncoder.forward
-    roformer.install()
+    seam.install()
     assert (modeling_roformer.RoFormerEncoder.__init__, modeling_roformer.RoFormerEncoder.forward) == wrapped
     model = build(rope_parameters={"rope_type": "linear", "factor": 2.0})
     x = ids(MAX_POS)
     scaled = logits(model, x)
-    roformer.uninstall()
-    roformer.uninstall()
+    seam.uninstall()
+    seam.uninstall()
     try:
         cls = modeling_roformer.RoFormerEncoder
         assert cls.__init__ is wrapped[0].__wrapped__ and cls.forward is wrapped[1].__wrapped__
@@ -186,7 +188,7 @@ def test_install_is_idempotent_and_uninstall_restores():
         stock = logits(model, x)
         assert not torch.allclose(stock, scaled, atol=1e-4)
     finally:
-        roformer.install()
+        seam.install()
     torch.testing.assert_close(logits(model, x), scaled, atol=1e-6, rtol=0)  # re-attached from its config
 
 
@@ -401,7 +403,7 @@ def test_half_layout_on_converted_weights_equals_interleaved(cls, params):
     model = build(cls, rope_parameters=params, rotary_value=params is None)
     half = build(cls, rope_parameters=params, rotary_value=params is None, rope_layout="half")
     half.load_state_dict(converted_state_dict(model))
-    assert roformer.rope_of(half).layout == "half"
+    assert seam.rope_of(half).layout == "half"
     x = ids(2 * MAX_POS if params else MAX_POS)
     torch.testing.assert_close(logits(half, x), logits(model, x), **TOL)
 
@@ -454,7 +456,7 @@ def test_from_pretrained_kwargs_select_the_method(tmp_path):
         model = AutoModelForMaskedLM.from_pretrained(tmp_path, **kwargs).eval()
         torch.testing.assert_close(logits(model, x), expected, **TOL)
     model = AutoModelForMaskedLM.from_pretrained(tmp_path, rope_layout="half").eval()
-    assert roformer.rope_of(model).layout == "half"
+    assert seam.rope_of(model).layout == "half"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -508,7 +510,7 @@ def test_replacing_a_recorded_base_needs_rope_theta(tmp_path):
     model = AutoModelForMaskedLM.from_pretrained(
         tmp_path, rope_parameters={"rope_type": "ntk", "factor": 2.0, "rope_theta": 20000.0}
     )
-    assert roformer.rope_of(model).view.rope_parameters["rope_theta"] == 20000.0
+    assert seam.rope_of(model).view.rope_parameters["rope_theta"] == 20000.0
 
 
 @pytest.mark.parametrize("params", [None, {"rope_type": "yarn", "factor": 4.0}, ROPER])
@@ -520,7 +522,7 @@ def test_convert_layout_round_trip_and_reload(tmp_path, params):
     x = ids(4 * MAX_POS if params else MAX_POS)
     expected = logits(model, x)
     half = convert_layout(model, to="half")
-    assert roformer.rope_of(half).layout == "half"
+    assert seam.rope_of(half).layout == "half"
     torch.testing.assert_close(logits(half, x), expected, **TOL)
     half.save_pretrained(tmp_path)
     reloaded = RoFormerForCausalLM.from_pretrained(tmp_path).eval()

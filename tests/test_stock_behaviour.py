@@ -39,6 +39,7 @@ from transformers.models.auto.modeling_auto import (
 
 import hf_rope_ext
 from hf_rope_ext import registry
+from hf_rope_ext._transformers import roformer as roformer_seam
 from hf_rope_ext.models import roformer
 
 # ----------------------------------------------------------------------------- test_rope_validation
@@ -276,7 +277,7 @@ def test_stock_roformer_past_its_table_says_what_to_set(cached):
     fits = torch.ones(1, 64 - cached, dtype=torch.long)
     with torch.no_grad():
         model(fits, past_key_values=copy.deepcopy(past))  # up to the table: stock, no error
-        with pytest.raises(roformer.TableLengthError) as excinfo:
+        with pytest.raises(roformer_seam.TableLengthError) as excinfo:
             model(torch.ones(1, 65 - cached, dtype=torch.long), past_key_values=past)
     assert isinstance(excinfo.value, ValueError) and isinstance(excinfo.value, IndexError)
     text = str(excinfo.value)
@@ -384,10 +385,11 @@ def test_another_copys_layout_wrapper_gives_way_around_the_same_stock_function(m
     vendored.hf_rope_ext_stock = stock
     for module in (conversion_mapping, modeling_utils):
         monkeypatch.setattr(module, "get_model_conversion_mapping", vendored)
-    _transformers.install_layout_conversions()
-    _transformers.install_layout_conversions()  # idempotent
+    _transformers.conversions.install()
+    _transformers.conversions.install()  # idempotent
     for module in (conversion_mapping, modeling_utils):
         current = module.get_model_conversion_mapping
-        assert current.hf_rope_ext_layout is _transformers.layout_conversions and current.hf_rope_ext_stock is stock
+        assert current.hf_rope_ext_layout is _transformers.conversions.layout_conversions
+        assert current.hf_rope_ext_stock is stock
     model = head_model("llama", "LlamaForCausalLM", rope_layout="interleaved")
     assert len(conversion_mapping.get_model_conversion_mapping(model, add_legacy=False)) == 2

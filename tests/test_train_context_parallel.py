@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_rope_ext.train.context_parallel import shard_order, shard_sequence, shifted_labels
-from hf_rope_ext.train.loop import causal_lm_loss
+from hf_rope_ext.train.loss import causal_lm_loss
 from hf_rope_ext.train.positions import position_ids, step_generator
 
 

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from hf_rope_ext.train.loop import causal_lm_loss
-from hf_rope_ext.train.loss import chunked_causal_lm_loss
+from hf_rope_ext.train.loss import causal_lm_loss, chunked_causal_lm_loss
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 7, 64, 10_000])

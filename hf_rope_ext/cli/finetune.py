@@ -195,7 +195,7 @@ def interrupted(out: str) -> int:
     """Ctrl-C: one short message on stderr, and the command that resumes from the newest checkpoint of ``--out``."""
     import sys
 
-    from ..train.loop import latest_checkpoint
+    from ..train.checkpoints import latest_checkpoint
 
     found = latest_checkpoint(Path(out) / "checkpoints")
     message = "interrupted before the first checkpoint; nothing to resume" if found is None else resume_note(found)
@@ -208,7 +208,7 @@ def resumable(out: str) -> None:
     """After a failure: the checkpoint the run reached (kept in ``--out``) and the command that resumes from it."""
     import sys
 
-    from ..train.loop import latest_checkpoint
+    from ..train.checkpoints import latest_checkpoint
 
     found = latest_checkpoint(Path(out) / "checkpoints")
     if found is not None and is_main():

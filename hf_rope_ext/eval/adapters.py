@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..files import read_json
+from ..quiet import peft_wrapping
 from ..sources import check_model_path, resolve_model
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -43,8 +44,6 @@ def config_folder(base, adapter):
 def attach(model, adapter):
     """``model`` with the adapter of folder ``adapter`` on top (peft), unmerged."""
     from peft import PeftModel
-
-    from ..quiet import peft_wrapping
 
     with peft_wrapping():
         return PeftModel.from_pretrained(model, str(adapter))

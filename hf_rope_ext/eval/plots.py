@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..registry import BUILTIN_TYPES, get_method
+
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
 LINESTYLES = ("-", "--", "-.", ":")
 NICE_TICKS = [m * 10**e for e in range(-1, 6) for m in (1, 1.5, 2, 3, 4, 5, 6, 8)]  # log-axis labels
@@ -64,8 +66,6 @@ def style(i: int) -> dict:
 
 def level_of(name: str) -> str:
     """``builtin``, ``frequency`` or ``attention`` for a record's rope_type (a label such as "yarn (after)" too)."""
-    from ..registry import BUILTIN_TYPES, get_method
-
     base = name.split(" (")[0]
     if base in (SAVED, "default") or base in BUILTIN_TYPES:
         return "builtin"

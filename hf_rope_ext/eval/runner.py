@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .data import long_enough
+from .adapters import config_folder
+from .data import load_token_documents, long_enough
 from .last_chunk import last_chunk_losses
+from .loading import load_config, load_model, load_tokenizer, rope_parameters_for
 from .multikey import multikey_accuracy
 from .passkey import passkey_accuracy
 from .perplexity import CachedLosses, truncated_perplexity
@@ -74,10 +76,6 @@ def evaluate(
 ):
     """Load ``path`` with the rope type applied (none: as saved), and the peft ``adapter`` folder on top when given
     (``eval.adapters``), and evaluate it; returns the records."""
-    from .adapters import config_folder
-    from .data import load_token_documents
-    from .loading import load_config, load_model, load_tokenizer, rope_parameters_for
-
     config = load_config(config_folder(path, adapter))
     rope_parameters = rope_parameters_for(config, rope_type, factor, extra)
     tokenizer = load_tokenizer(config_folder(path, adapter))

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..models.family import head_dim_of
+
 if TYPE_CHECKING:
     import torch
 
@@ -22,10 +24,6 @@ class RopeSetup:
     base: float  # rope_theta b
     original_max: int  # L0: original_max_position_embeddings, defaults to max_position_embeddings
     max_position_embeddings: int
-
-
-def head_dim_of(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def rope_setup(config, layer_type: str | None = None) -> RopeSetup:
@@ -82,3 +80,12 @@ def as_float(seq_len) -> float | None:
     if seq_len is None:
         return None
     return float(seq_len.item() if hasattr(seq_len, "item") else seq_len)
+
+
+def plain_frequencies(config, device=None, seq_len=None, layer_type=None):
+    """Plain RoPE theta_i = b^(-2i/d) (float64, cast to float32) and attention factor 1, in ROPE_INIT_FUNCTIONS'
+    signature: the frequencies the attention-level types rotate by."""
+    import torch
+
+    setup = rope_setup(config, layer_type)
+    return inv_freq_for_base(setup.base, setup.dim, device, dtype=torch.float64).float(), 1.0

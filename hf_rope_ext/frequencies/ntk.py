@@ -1,6 +1,6 @@
 """``ntk``: NTK-aware (beta-ary) scaling: a larger base b * s^(d/(d-2)), attention factor 1."""
 
-from ..registry import RopeMethod, register
+from ..declare import RopeMethod
 from .common import inv_freq_for_base, rope_setup
 from .params import FACTOR, ORIGINAL_MAX
 
@@ -15,13 +15,11 @@ def compute_ntk(config, device=None, seq_len=None, layer_type=None):
     return inv_freq_for_base(ntk_base(s.base, float(s.params["factor"]), s.dim), s.dim, device), 1.0
 
 
-METHOD = register(
-    RopeMethod(
-        name="ntk",
-        kind="frequency",
-        frequencies=compute_ntk,
-        params={"factor": FACTOR, "original_max_position_embeddings": ORIGINAL_MAX},
-        example={"factor": 4.0},
-        summary="NTK-aware scaling: base b*s^(d/(d-2)), no attention factor",
-    )
+METHOD = RopeMethod(
+    name="ntk",
+    kind="frequency",
+    frequencies=compute_ntk,
+    params={"factor": FACTOR, "original_max_position_embeddings": ORIGINAL_MAX},
+    example={"factor": 4.0},
+    summary="NTK-aware scaling: base b*s^(d/(d-2)), no attention factor",
 )

@@ -1,18 +1,9 @@
-"""Interleaved <-> half-rotate RoPE layouts: tensors, state dicts, models, peft adapters, saved directories."""
+"""Interleaved <-> half-rotate RoPE layouts. This package's own names are the tensor-level ones (rows, keys, state
+dicts); live models are converted by ``layout.model.convert_layout`` (``hf_rope_ext.convert_layout``) and saved
+directories by ``layout.files.convert_directory``, which use the conversions seam and so are imported by name."""
 
-from .files import Conversion, convert_directory
 from .keys import projection_of
-from .model import convert_layout
 from .permute import block_rows, head_rows, pair_order
 from .state_dict import convert_tensors
 
-__all__ = [
-    "Conversion",
-    "block_rows",
-    "convert_directory",
-    "convert_layout",
-    "convert_tensors",
-    "head_rows",
-    "pair_order",
-    "projection_of",
-]
+__all__ = ["block_rows", "convert_tensors", "head_rows", "pair_order", "projection_of"]

@@ -16,9 +16,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cards import relabel_layout
 from ..files import check_folder, read_json
 from ..models import family_of
 from ..outputs import Staged
+from ..progress import bar
 from .state_dict import check_direction, convert_tensors
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -97,16 +99,12 @@ def _copy_top_level(src: Path, dst: Path, skip: set[str]) -> None:
 
 def _relabel_card(card: Path, to: str) -> None:
     """A card hf-rope-ext wrote states the layout: state the new one (a user's card is copied unchanged)."""
-    from ..cards import relabel_layout
-
     if card.is_file():
         card.write_text(relabel_layout(card.read_text(encoding="utf-8"), to), encoding="utf-8")
 
 
 def _load_config(directory: Path):
     from transformers import AutoConfig
-
-    import hf_rope_ext  # noqa: F401  (so configs naming this package's rope types load)
 
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"{directory} has neither config.json (a model) nor {ADAPTER_CONFIG} (an adapter)")
@@ -159,6 +157,4 @@ def _write_layout(config_in: Path, config_out: Path, to: str) -> None:
 
 
 def _progress(items):
-    from ..progress import bar
-
     return bar(items, desc="convert-layout", unit="file", enabled=len(items) >= 2)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from functools import cache
 
-from ..models import LayoutFamily, Projection
+from ..models import Family, Projection
 
 ROW_PARAMS = (
     r"(?:base_layer\.)?(?:weight|bias)"
@@ -24,6 +24,6 @@ def _pattern(module: str) -> re.Pattern:
     return re.compile(rf"(?:^|\.){re.escape(module)}\.(?:{ROW_PARAMS})$")
 
 
-def projection_of(key: str, family: LayoutFamily) -> Projection | None:
+def projection_of(key: str, family: Family) -> Projection | None:
     """The projection whose output rows ``key`` holds, or None for every other key."""
     return next((p for p in family.projections if _pattern(p.module).search(key)), None)

@@ -1,6 +1,6 @@
 """``convert_layout``: the public entry point, for state dicts, transformers models and peft models.
 
-What "layout" means for a live model depends on the family (see :class:`hf_rope_ext.models.LayoutFamily`):
+What "layout" means for a live model depends on the family (see :class:`hf_rope_ext.models.Family`):
 - Llama, Mistral, Qwen2, Qwen3, StableLM, Phi-3 (``loads_to_half``): ``config.rope_layout`` is the layout of
   the *saved* weights. ``from_pretrained`` permutes q/k rows to half on load and ``save_pretrained`` back on
   save, so the model in memory (``model.state_dict()``, peft adapters trained on it) is always half. Converting
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ..models import family_of
-from ..rotary import check_layout
+from .._transformers.conversions import record_layout_conversions
+from ..models import check_layout, family_of
 from .keys import projection_of
 from .permute import block_rows, permute_rows
 from .state_dict import check_direction, convert_tensors
@@ -62,8 +62,6 @@ def _convert_model(model: torch.nn.Module, to: str, config) -> torch.nn.Module:
     _permute_parameters(model, family, config, to, check_only=family.loads_to_half)
     config.rope_layout = to
     if family.loads_to_half:
-        from .._transformers import record_layout_conversions
-
         record_layout_conversions(base)  # what save_pretrained applies follows the new layout
     return model
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models import HeadShape
-from ..rotary import check_layout
+from ..models import HeadShape, check_layout
 
 
 def pair_order(rotary_dim: int, to: str) -> torch.Tensor:

@@ -6,8 +6,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ..models import HeadShape, LayoutFamily
-from ..rotary import check_layout
+from ..models import Family, HeadShape, check_layout
 from .keys import projection_of
 from .permute import block_rows, permute_rows
 
@@ -22,7 +21,7 @@ def check_direction(source: str, to: str, what: str) -> None:
 
 
 def convert_tensors(
-    state_dict: Mapping[str, torch.Tensor], family: LayoutFamily, shape: HeadShape, source: str, to: str
+    state_dict: Mapping[str, torch.Tensor], family: Family, shape: HeadShape, source: str, to: str
 ) -> tuple[dict[str, torch.Tensor], list[str]]:
     """A new dict with q/k rows (weights, biases, lora_B, DoRA magnitudes) moved to ``to``, and the moved keys.
 

@@ -1,111 +1,90 @@
-"""Family facts for layout conversion: which state-dict keys hold rotated rows, and how many heads they hold.
-
-Each family module (llama, mistral, qwen2, qwen3, stablelm, phi3, roformer_layout) registers one
-:class:`LayoutFamily`; nothing model-specific lives outside this package. ``family_of(model_type)`` finds it.
-"""
+"""Model families, each described once (``family.Family``): which rows rotate and in which layout, head sizes,
+and how the attention function serves it. One module per family with layout facts (llama, mistral, qwen2, qwen3,
+stablelm, phi3, roformer_layout), ``attention_only`` for the others; nothing model-specific lives outside this
+package. ``roformer`` is RoFormer's runtime (imported by its seam, not here)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from . import attention_only, llama, mistral, phi3, qwen2, qwen3, roformer_layout, stablelm  # noqa: F401  (each registers)
+from .family import Family, HeadShape, Projection, check_layout, families, find_family, layout_of
 
-from ..frequencies.common import head_dim_of
-from ..rotary import layout_of
-
-# q: query heads, k: key heads (rotated); v: value heads (never rotated); n: one head's per-dim vector (rotated),
-# e.g. Qwen3's q_norm/k_norm weight [head_dim], shared by every head
-ROW_BLOCKS = ("q", "k", "v", "n")
-
-
-@dataclass(frozen=True)
-class HeadShape:
-    """Sizes of one attention layer's projections, read from a config."""
-
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    rotary_dim: int  # the first rotary_dim dims of each head rotate; the rest pass through
-
-    def heads(self, block: str) -> int:
-        return {"q": self.q_heads, "k": self.kv_heads, "v": self.kv_heads, "n": 1}[block]
-
-
-@dataclass(frozen=True)
-class Projection:
-    """One linear layer whose output rows are per-head blocks: ``module`` matches the end of its module path."""
-
-    module: str  # dotted module name, e.g. "self_attn.q_proj" (matched at a name boundary)
-    blocks: tuple[str, ...]  # its output rows, in order (ROW_BLOCKS), e.g. ("q",) or fused ("q", "k", "v")
+__all__ = [
+    "ATTENTION_FAMILIES",
+    "DYNAMIC_FAMILIES",
+    "Family",
+    "HeadShape",
+    "Projection",
+    "attention_families",
+    "check_dynamic_family",
+    "check_layout",
+    "family_of",
+    "find_family",
+    "has_layout_facts",
+    "is_rope_free_layer",
+    "refuse_family",
+    "layout_families",
+    "layout_of",
+    "unsupported_reason",
+]
 
 
-def config_head_shape(config) -> HeadShape:
-    """Head counts of a rope-registry family: GQA-aware, explicit head_dim, partial_rotary_factor."""
-    params = getattr(config, "rope_parameters", None) or {}
-    partial = params.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor", None) or 1.0
-    head_dim = head_dim_of(config)
-    q_heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or q_heads
-    return checked(HeadShape(q_heads, kv_heads, head_dim, int(head_dim * partial)))
-
-
-def checked(shape: HeadShape) -> HeadShape:
-    if shape.q_heads <= 0 or shape.kv_heads <= 0 or shape.q_heads % shape.kv_heads:
-        raise ValueError(
-            f"num_attention_heads={shape.q_heads} and num_key_value_heads={shape.kv_heads} do not fit: "
-            "both must be positive and the first a multiple of the second"
-        )
-    if shape.rotary_dim % 2 or not 0 < shape.rotary_dim <= shape.head_dim:
-        raise ValueError(
-            f"rotary dim={shape.rotary_dim} (head_dim={shape.head_dim} x partial_rotary_factor) is not allowed: "
-            "it must be even and between 2 and head_dim"
-        )
-    return shape
-
-
-@dataclass(frozen=True)
-class LayoutFamily:
-    model_types: tuple[str, ...]
-    projections: tuple[Projection, ...]
-    default_layout: str = "half"  # the layout of a checkpoint whose config records no rope_layout
-    # True: weights are permuted to half on load and back on save, so the model in memory is always "half"
-    # (stock kernels); False: the model in memory holds the layout its config records (RoFormer).
-    loads_to_half: bool = True
-    head_shape: Callable[..., HeadShape] = config_head_shape
-
-    def checkpoint_layout(self, config) -> str:
-        """The layout of the saved weights this config describes."""
-        return layout_of(config, self.default_layout)
-
-    def memory_layout(self, config) -> str:
-        """The layout of the q/k rows of a live model (and of a peft adapter trained on it)."""
-        return "half" if self.loads_to_half else self.checkpoint_layout(config)
-
-
-_FAMILIES: dict[str, LayoutFamily] = {}
-
-
-def register_family(family: LayoutFamily) -> LayoutFamily:
-    for model_type in family.model_types:
-        if _FAMILIES.get(model_type, family) is not family:
-            raise ValueError(f"model_type {model_type!r} already has layout facts: {_FAMILIES[model_type]!r}")
-        _FAMILIES[model_type] = family
-    return family
-
-
-def family_of(model_type: str | None) -> LayoutFamily:
-    if model_type not in _FAMILIES:
-        raise ValueError(
-            f"model_type={model_type!r} has no RoPE layout facts; supported model types: {sorted(_FAMILIES)}"
-        )
-    return _FAMILIES[model_type]
+def family_of(model_type: str | None) -> Family:
+    """The family of ``model_type`` for layout conversion (one that says which rows rotate)."""
+    if not has_layout_facts(model_type):
+        known = sorted(t for f in layout_families() for t in f.model_types)
+        raise ValueError(f"model_type={model_type!r} has no RoPE layout facts; supported model types: {known}")
+    return find_family(model_type)
 
 
 def has_layout_facts(model_type: str | None) -> bool:
-    return model_type in _FAMILIES
+    family = find_family(model_type)
+    return family is not None and bool(family.projections)
 
 
-def layout_families() -> list[LayoutFamily]:
-    return list(dict.fromkeys(_FAMILIES.values()))
+def layout_families() -> list[Family]:
+    return [f for f in families() if f.projections]
 
 
-from . import llama, mistral, phi3, qwen2, qwen3, roformer_layout, stablelm  # noqa: E402,F401  (each registers its family)
+def attention_families() -> tuple[str, ...]:
+    """The model types whose attention modules the attention function serves, sorted."""
+    return tuple(sorted(t for f in families() if f.attention for t in f.model_types))
+
+
+ATTENTION_FAMILIES = attention_families()
+# with the families whose own rotary code runs the dynamic frequency types statelessly (RoFormer)
+DYNAMIC_FAMILIES = ATTENTION_FAMILIES + tuple(sorted(t for f in families() if f.own_dynamic for t in f.model_types))
+
+
+def is_rope_free_layer(module) -> bool:
+    """Whether this attention module applies no RoPE (SmolLM3's, EXAONE 4's NoPE layers)."""
+    family = find_family(getattr(module.config, "model_type", None))
+    return family is not None and family.rope_free is not None and bool(family.rope_free(module))
+
+
+def unsupported_reason(model_type: str | None) -> str:
+    """Why the attention function does not serve ``model_type``."""
+    family = find_family(model_type)
+    why = family.refused if family is not None else None
+    return why or "its attention module was not verified to apply RoPE the way this package needs"
+
+
+def refuse_family(params: dict, config, served: tuple[str, ...], need: str) -> None:
+    """Raise unless ``config``'s family is one of ``served``; ``need``: what the rope type asks of a family."""
+    model_type = getattr(config, "model_type", None)
+    if config is not None and model_type not in served:
+        raise ValueError(
+            f"rope_parameters['rope_type']={params.get('rope_type')!r} {need}, which config.model_type={model_type!r} "
+            f"does not offer ({unsupported_reason(model_type)}); supported families: {list(served)}"
+        )
+
+
+def check_dynamic_family(params: dict, config) -> None:
+    """A dynamic frequency type only where no state outlives a call (issue 16): on ATTENTION_FAMILIES the attention
+    function rotates with the frequencies for the current length; elsewhere transformers' dynamic updater would keep
+    the long input's attention factor after resetting ``inv_freq`` (the same short input then gives another output)
+    and cache keys rotated under older frequencies."""
+    need = (
+        "recomputes its frequencies with the length and runs without state only where the package rotates inside "
+        "the attention function (transformers' dynamic updater keeps the long input's attention factor after its reset)"
+    )
+    refuse_family(params, config, DYNAMIC_FAMILIES, need)

@@ -1,7 +1,7 @@
 """Qwen2: the Llama attention layout with q/k/v biases on by default."""
 
-from . import LayoutFamily, Projection, register_family
+from .family import Family, Projection, register_family
 
 ATTENTION = (Projection("self_attn.q_proj", ("q",)), Projection("self_attn.k_proj", ("k",)))
 
-QWEN2 = register_family(LayoutFamily(model_types=("qwen2",), projections=ATTENTION))
+QWEN2 = register_family(Family(model_types=("qwen2",), projections=ATTENTION, attention=True))

@@ -1,10 +1,11 @@
-"""RoFormer's layout facts: query/key (with biases) rotate whole heads; its native layout is interleaved.
+"""RoFormer: query/key (with biases) rotate whole heads; its native layout is interleaved.
 
 Its runtime (hf_rope_ext.models.roformer) rotates the layout its config records, so a live RoFormer holds
-that layout in memory: converting one permutes its tensors in place of a load-time op.
+that layout in memory: converting one permutes its tensors in place of a load-time op. Its own rotation runs the
+dynamic frequency types statelessly; the attention function does not serve it (RoPER runs in its own runtime).
 """
 
-from . import HeadShape, LayoutFamily, Projection, checked, register_family
+from .family import Family, HeadShape, Projection, checked, register_family
 
 
 def roformer_head_shape(config) -> HeadShape:
@@ -18,11 +19,12 @@ def roformer_head_shape(config) -> HeadShape:
 ATTENTION = (Projection("attention.self.query", ("q",)), Projection("attention.self.key", ("k",)))
 
 ROFORMER = register_family(
-    LayoutFamily(
+    Family(
         model_types=("roformer",),
         projections=ATTENTION,
         default_layout="interleaved",
         loads_to_half=False,
         head_shape=roformer_head_shape,
+        own_dynamic=True,
     )
 )

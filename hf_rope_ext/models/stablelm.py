@@ -3,7 +3,7 @@
 Its optional per-head q/k LayerNorms (``qk_layernorm=True``) would need their own permutation: refused.
 """
 
-from . import HeadShape, LayoutFamily, Projection, config_head_shape, register_family
+from .family import Family, HeadShape, Projection, config_head_shape, register_family
 
 
 def stablelm_head_shape(config) -> HeadShape:
@@ -15,5 +15,5 @@ def stablelm_head_shape(config) -> HeadShape:
 ATTENTION = (Projection("self_attn.q_proj", ("q",)), Projection("self_attn.k_proj", ("k",)))
 
 STABLELM = register_family(
-    LayoutFamily(model_types=("stablelm",), projections=ATTENTION, head_shape=stablelm_head_shape)
+    Family(model_types=("stablelm",), projections=ATTENTION, head_shape=stablelm_head_shape, attention=True)
 )

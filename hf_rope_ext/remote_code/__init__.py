@@ -14,11 +14,16 @@ import json
 import re
 from pathlib import Path
 
+from ..version import __version__
 from .closure import module_closure, module_file
 
 MODULE = "modeling_hf_rope_ext"
 CLASS = "HfRopeExtForCausalLM"
-PACKAGE_DIR = Path(__file__).resolve().parent.parent  # hf_rope_ext/
+
+
+def package_dir() -> Path:
+    """hf_rope_ext/ on disk (read when writing; the vendored copy, which has no files, imports this module too)."""
+    return Path(__file__).resolve().parent.parent
 
 
 def write_remote_code(directory, config: dict) -> dict:
@@ -49,15 +54,13 @@ def rope_types_of(config: dict) -> tuple[str, ...]:
 
 def vendored_sources() -> dict[str, str]:
     """Source of each module ``import hf_rope_ext`` can load, keyed by its dotted path inside the package."""
-    return {name: path.read_text(encoding="utf-8") for name, path in module_closure(PACKAGE_DIR).items()}
+    return {name: path.read_text(encoding="utf-8") for name, path in module_closure(package_dir()).items()}
 
 
 def render(architecture: str, rope_types: tuple[str, ...], layout: str, sources: dict[str, str]) -> str:
     """template.py with its placeholders set; the package name carries a hash of the sources."""
-    from .. import __version__
-
     digest = hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:12]
-    packages = tuple(k for k in sorted(sources) if module_file(PACKAGE_DIR, k).name == "__init__.py")
+    packages = tuple(k for k in sorted(sources) if module_file(package_dir(), k).name == "__init__.py")
     text = (Path(__file__).parent / "template.py").read_text(encoding="utf-8")
     text = _set(text, "ARCHITECTURE", repr(architecture))
     text = _set(text, "ROPE_TYPES", repr(rope_types))

@@ -2,11 +2,14 @@
 
 ``finetune(FinetuneConfig(...))`` runs a job end to end; ``load_adapter(path)`` loads its output on the base with
 the extended rope parameters. Modules: ``data`` (text -> packed rows), ``positions`` (contiguous / PoSE / random
-position ids), ``model`` (base + target rope config, checks), ``lora`` (peft setup), ``loop`` (accelerate loop,
-checkpoints), ``evaluate`` (perplexity), ``prepare`` (one job's state and outputs), ``finetune`` (the glue).
+position ids), ``model`` (base + target rope config, checks), ``lora`` (peft setup), ``loop`` (accelerate loop;
+``batches``, ``checkpoints``, ``csv_log``, ``interrupt``, ``loss`` its parts; ``run_folder`` where a run writes),
+``evaluate`` (perplexity), ``config`` (the request and its checks), ``prepare`` (one job's state and outputs),
+``finetune`` (the glue).
 """
 
-from .finetune import FinetuneConfig, finetune, parse_stages
+from .config import FinetuneConfig, parse_stages
+from .finetune import finetune
 from .positions import SCHEDULES, position_ids
 from .prepare import load_adapter
 

@@ -9,8 +9,16 @@ from __future__ import annotations
 
 from itertools import chain
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from ..bundled import corpus_files
+from ..eval import load_token_documents
+
+if TYPE_CHECKING:
+    from .config import FinetuneConfig
+    from .loop import Stage
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", ".py")  # what a folder contributes
 BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}  # others: plain text
@@ -20,8 +28,6 @@ PACKING = ("pack", "chunk")
 def data_files(data: list[str] | None) -> list[str]:
     """Files to read: each path as given, folders expanded to their text files (sorted); None: bundled train split."""
     if not data:
-        from ..bundled import corpus_files
-
         return [str(p) for p in corpus_files("train")]
     files: list[str] = []
     for item in data:
@@ -132,3 +138,21 @@ def check_enough(rows: int, needed: int, length: int, tokenized) -> None:
             f"data: {tokens} tokens make {rows} rows of {length} tokens, fewer than one step needs "
             f"({needed} = batch size x gradient accumulation x processes); give more text or a shorter --length"
         )
+
+
+def packed_stages(tokenized, stages: list[Stage], mode: str, needed: int) -> list:
+    """One packed dataset per stage (rows of the stage's window); too little text for one step is an error."""
+    datasets = [pack(tokenized, stage.window, mode) for stage in stages]
+    for stage, packed in zip(stages, datasets, strict=True):
+        check_enough(len(packed), needed, stage.window, tokenized)
+    return datasets
+
+
+def load_text(cfg: FinetuneConfig, tokenizer):
+    """(tokenized training text, evaluation documents as token id tensors or None when no --eval-lengths)."""
+    train_text = tokenize(load_documents(cfg.data, cfg.text_column), tokenizer)
+    if not cfg.eval_lengths:
+        return train_text, None
+    # held-out text: --eval-data, else the bundled eval split when training on the bundled corpus, else --data
+    source = cfg.eval_data or (None if cfg.data is None else cfg.data)
+    return train_text, load_token_documents(tokenizer, source)

@@ -1,10 +1,7 @@
 """The training loop on accelerate's engine: stages of (position span, window, steps), gradient accumulation,
-an LR schedule, checkpoints that resume exactly, a tqdm bar and a CSV log (TensorBoard too when installed).
-
-Exact resume: ``accelerator.save_state`` keeps the trainable weights, optimizer, scheduler and RNG states (one RNG
-file per process); the checkpoint's ``trainer_state.json`` keeps the optimizer step. Batch order is a permutation
-drawn from (seed, stage, epoch) and position ids from (seed, micro-batch index), so a resumed run sees the same
-batches.
+an LR schedule, checkpoints that resume exactly (``checkpoints``; ``batches``: batch order is a permutation drawn
+from (seed, stage, epoch); position ids from (seed, micro-batch index)), a progress bar (``progress``) and a CSV log
+(TensorBoard when installed).
 
 Many processes (DDP, FSDP): the loader yields *global* micro-batches of ``batch_size x data-parallel processes`` rows
 and accelerate hands each process its slice (``split_batches``); position ids are drawn for the whole global
@@ -12,16 +9,11 @@ micro-batch and sliced the same way. So N processes train on exactly the rows an
 N times larger batch, and the result does not depend on the process count beyond float summation order.
 
 Ctrl-C (SIGINT) during training stops after the current optimizer step on every process, writes a checkpoint there
-and raises :class:`Interrupted` (a ``KeyboardInterrupt``) naming it; a second Ctrl-C stops at once.
+and raises ``interrupt.Interrupted`` (a ``KeyboardInterrupt``) naming it; a second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import signal
-import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,13 +21,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..files import read_json
+from ..progress import bar as progress_bar
+from .batches import data_parallel, micro_batches, stage_loaders
+from .checkpoints import keep_trainable_only, load_checkpoint, save_checkpoint
 from .context_parallel import shifted_labels
+from .csv_log import CsvLog
+from .interrupt import Interrupted, StopRequest
+from .loss import causal_lm_loss
 from .positions import position_ids, step_generator
-
-STATE_FILE = "trainer_state.json"
-LOG_FILE = "train_log.csv"
-LOG_COLUMNS = ("step", "stage", "span", "window", "loss", "lr", "tokens", "elapsed_s")  # tokens: of this step
 
 
 @dataclass(frozen=True)
@@ -67,68 +60,6 @@ class LoopSettings:
         return {"stages": [asdict(s) for s in stages], "processes": processes, **{k: getattr(self, k) for k in keep}}
 
 
-PLAN_DEFAULTS = {"processes": 1}  # keys older checkpoints lack, as they were then
-
-
-class Interrupted(KeyboardInterrupt):
-    """Training stopped by Ctrl-C after optimizer step ``step``; ``checkpoint`` holds that step."""
-
-    def __init__(self, step: int, checkpoint: Path):
-        super().__init__(f"interrupted after step {step}; checkpoint {checkpoint}")
-        self.step, self.checkpoint = step, Path(checkpoint)
-
-
-class StopRequest:
-    """While active: the first SIGINT asks the loop to stop after its current step, a second one interrupts at once.
-    Only in the main thread (signal handlers cannot be set elsewhere) and where SIGINT is not ignored."""
-
-    DUPLICATE_S = 1.0  # a launcher forwards the terminal's Ctrl-C to its workers: a repeat this soon is that copy
-
-    def __init__(self, announce: bool = True):
-        self.asked, self._previous, self._first, self.announce = False, None, 0.0, announce
-
-    def __enter__(self):
-        main = threading.current_thread() is threading.main_thread()
-        if main and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored (a background job): stays so
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *_exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-    def _handle(self, _signum, _frame):
-        if self.asked and time.monotonic() - self._first > self.DUPLICATE_S:
-            raise KeyboardInterrupt
-        if self.asked:
-            return
-        self.asked, self._first = True, time.monotonic()
-        if self.announce:
-            print("\nCtrl-C: stopping after this step, saving a checkpoint (Ctrl-C again: stop now)", file=sys.stderr)
-
-
-class EpochSampler(torch.utils.data.Sampler):
-    """A permutation of [0, n) that depends on (seed, epoch) only: identical on every process and after a resume."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed, self.epoch = n, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
-        return iter(torch.randperm(self.n, generator=generator).tolist())
-
-    def __len__(self) -> int:
-        return self.n
-
-
-def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy; logits (batch, seq, vocab), ids (batch, seq); fp32 softmax."""
-    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), input_ids[:, 1:].flatten())
-
-
 def make_optimizer(model, settings: LoopSettings, total_steps: int):
     """AdamW on the trainable parameters and transformers' LR schedule in optimizer steps (with ``split_batches``
     accelerate steps the scheduler once per optimizer step, whatever the process count)."""
@@ -142,54 +73,6 @@ def make_optimizer(model, settings: LoopSettings, total_steps: int):
     return optimizer, scheduler
 
 
-def data_parallel(accelerator) -> tuple[int, int]:
-    """(data-parallel size, this process' data-parallel rank): processes that get different rows. Tensor- and
-    context-parallel ranks of one group share their rows, as accelerate's ``prepare_data_loader`` shards them."""
-    mesh = getattr(accelerator, "torch_device_mesh", None)
-    if mesh is None:
-        return accelerator.num_processes, accelerator.process_index
-    names = mesh.mesh_dim_names or ()
-    size = {name: mesh[name].size() for name in names}
-    shared = size.get("tp", 1) * size.get("cp", 1)
-    return size.get("dp_replicate", 1) * size.get("dp_shard", 1), accelerator.process_index // shared
-
-
-def keep_trainable_only(models, weights, _output_dir) -> None:
-    """save_state pre-hook: write only trainable tensors (the adapter), not the frozen base."""
-    for i, model in enumerate(models):
-        names = {n for n, p in model.named_parameters() if p.requires_grad}
-        weights[i] = {k: v for k, v in weights[i].items() if k in names}
-
-
-def stage_loaders(accelerator, datasets, settings: LoopSettings):
-    """One prepared DataLoader per stage: global micro-batches of ``batch_size x data-parallel size`` rows (full ones
-    only), of which accelerate (``split_batches``) gives each process its ``batch_size`` rows, in rank order."""
-    if not accelerator.split_batches:
-        raise ValueError("the training loop needs an Accelerator with DataLoaderConfiguration(split_batches=True)")
-    global_batch = settings.batch_size * data_parallel(accelerator)[0]
-    loaders = []
-    for index, dataset in enumerate(datasets):
-        rows = dataset.with_format("torch", columns=["input_ids"])
-        sampler = EpochSampler(len(rows), settings.seed * 131 + index)
-        # its own generator: starting an epoch must not draw from the global RNG (dropout), or resume would drift
-        own = torch.Generator().manual_seed(settings.seed)
-        loader = torch.utils.data.DataLoader(
-            rows, batch_size=global_batch, sampler=sampler, drop_last=True, generator=own
-        )
-        loaders.append(accelerator.prepare(loader))
-    return loaders
-
-
-def micro_batches(accelerator, loader, start: int):
-    """Micro-batches of one stage from micro-batch index ``start`` on, epoch after epoch (never ends)."""
-    per_epoch = len(loader)
-    epoch, skip = divmod(start, per_epoch)
-    while True:
-        loader.set_epoch(epoch)
-        yield from accelerator.skip_first_batches(loader, skip) if skip else loader
-        epoch, skip = epoch + 1, 0
-
-
 def forward_loss(accelerator, model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Loss of one micro-batch; an all-ones mask keeps transformers from reading skip-wise ids as packed sequences."""
     cp = accelerator.parallelism_config is not None and accelerator.parallelism_config.cp_enabled
@@ -200,82 +83,6 @@ def forward_loss(accelerator, model, input_ids: torch.Tensor, positions: torch.T
             return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
     mask = torch.ones_like(input_ids)
     return causal_lm_loss(model(input_ids=input_ids, position_ids=positions, attention_mask=mask).logits, input_ids)
-
-
-def save_checkpoint(accelerator, directory: Path, step: int, plan: dict) -> Path:
-    """accelerate's state (trainable tensors, optimizer, scheduler: main process; RNG: one file per process) and,
-    from the main process only, ``trainer_state.json``."""
-    accelerator.save_state(str(directory))
-    if accelerator.is_main_process:
-        (directory / STATE_FILE).write_text(json.dumps({"step": step, "plan": plan}, indent=2), encoding="utf-8")
-    accelerator.wait_for_everyone()
-    return directory
-
-
-def load_checkpoint(accelerator, directory: Path, plan: dict) -> int:
-    """Restore a checkpoint written with the same plan; returns the optimizer steps already done."""
-    step = checkpoint_step(directory, plan)
-    accelerator.load_state(str(directory), strict=False)  # only trainable tensors are in the checkpoint
-    return step
-
-
-def check_checkpoint_tensors(model, directory: Path) -> None:
-    """Every trainable tensor of the (unwrapped) model must be in the checkpoint, since load_state runs non-strict.
-    FSDP and DeepSpeed checkpoints keep their tensors elsewhere and are not checked here."""
-    weights = Path(directory) / "model.safetensors"
-    if not weights.is_file():
-        return
-    from safetensors import safe_open
-
-    with safe_open(str(weights), framework="pt") as handle:
-        saved = set(handle.keys())
-    missing = sorted(n for n, p in model.named_parameters() if p.requires_grad and n not in saved)
-    if missing:
-        raise ValueError(f"--resume-from: {weights} lacks trainable tensor {missing[0]!r} ({len(missing)} missing)")
-
-
-def checkpoint_step(directory: Path, plan: dict) -> int:
-    """The optimizer step a checkpoint was written at; ValueError when it was written under another plan."""
-    state_path = Path(directory) / STATE_FILE
-    if not state_path.is_file():
-        raise FileNotFoundError(f"--resume-from {str(directory)!r}: no {STATE_FILE} (not a checkpoint of this trainer)")
-    state = read_json(state_path)
-    saved = {**PLAN_DEFAULTS, **state["plan"]}
-    differs = sorted(k for k in plan if saved.get(k) != plan[k])
-    if differs:
-        key = differs[0]
-        raise ValueError(f"--resume-from: the checkpoint has {key}={saved.get(key)!r}, this run {plan[key]!r}")
-    return int(state["step"])
-
-
-def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
-    """The checkpoint of the highest step under ``checkpoint_dir`` (``step-NNNNNN`` with its state file), or None."""
-    found = sorted(Path(checkpoint_dir).glob("step-*/" + STATE_FILE)) if Path(checkpoint_dir).is_dir() else []
-    return found[-1].parent if found else None
-
-
-class CsvLog:
-    """Appends one row per optimizer step to ``log_dir/train_log.csv`` (main process only). Opened at a resumed
-    step, it first drops the rows past that step (written after the checkpoint by the run that stopped), so each
-    step has one row."""
-
-    def __init__(self, log_dir: Path, enabled: bool, start_step: int = 0):
-        self.path = Path(log_dir) / LOG_FILE
-        self.enabled = enabled
-        if enabled:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            kept = self._rows_up_to(start_step) if self.path.exists() else []
-            self.path.write_text("".join([",".join(LOG_COLUMNS) + "\n", *kept]), encoding="utf-8")
-
-    def _rows_up_to(self, step: int) -> list[str]:
-        """The log's data lines (with their newline) of steps <= ``step``."""
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)[1:]
-        return [line for line in lines if line.strip() and int(line.split(",", 1)[0]) <= step]
-
-    def write(self, row: dict) -> None:
-        if self.enabled:
-            with self.path.open("a", newline="", encoding="utf-8") as handle:
-                csv.DictWriter(handle, LOG_COLUMNS).writerow(row)
 
 
 def stage_of(stages: list[Stage], step: int) -> tuple[int, int]:
@@ -318,8 +125,6 @@ def train(
 ) -> list[dict]:
     """Run every stage; returns (the log rows of this call, the accelerate-prepared model).
     ``datasets[i]`` holds rows of ``stages[i].window`` tokens. Ctrl-C: see :class:`Interrupted`."""
-    from ..progress import bar as progress_bar
-
     total, plan = sum(s.steps for s in stages), settings.plan(stages, data_parallel(accelerator)[0])
     optimizer, scheduler = make_optimizer(model, settings, total)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)

@@ -1,5 +1,6 @@
-"""Next-token cross-entropy from the last hidden states in chunks of tokens, so that the (tokens, vocab) logits of a
-long sequence never exist at once: at 128k tokens and a 128k vocabulary they alone would take 32 GiB in bf16.
+"""Next-token cross-entropy: from logits (``causal_lm_loss``), and from the last hidden states in chunks of tokens,
+so that the (tokens, vocab) logits of a long sequence never exist at once: at 128k tokens and a 128k vocabulary
+they alone would take 32 GiB in bf16.
 
 Each chunk's logits are computed (in the autocast dtype under autocast, as the model's own head would, else in
 fp32), reduced in fp32 to a summed loss and dropped; under autograd every chunk is
@@ -11,6 +12,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+
+def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy; logits (batch, seq, vocab), ids (batch, seq); fp32 softmax."""
+    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), input_ids[:, 1:].flatten())
 
 
 def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -11,18 +11,13 @@ from pathlib import Path
 
 import torch
 
+from ..cards import write_model_card
+from ..eval import EvalPlan, evaluate_model
+from ..eval.far_context import sliding_window_baseline, with_far_context
 from ..files import read_json
 from ..quiet import enable_activation_checkpointing, peft_wrapping
-from .finetune import (
-    MERGED_DIR,
-    RESULTS_FILE,
-    FinetuneConfig,
-    load_text,
-    packed_stages,
-    plan_stages,
-    settings_of,
-    training_summary,
-)
+from .config import MERGED_DIR, RESULTS_FILE, FinetuneConfig, plan_stages, settings_of, training_summary
+from .data import load_text, packed_stages
 from .lora import apply_lora
 from .model import attention_implementation, check_fp16, extended_config, load_model, resolve_precision
 from .run_folder import log_dir
@@ -71,8 +66,6 @@ class Job:
         """The evaluation harness at each --eval-lengths (perplexity, passkey when asked); records kept for the card."""
         if not self.cfg.eval_lengths:
             return []
-        from ..eval import EvalPlan, evaluate_model
-
         cfg, params = self.cfg, self.config.rope_parameters
         plan = EvalPlan(
             lengths=tuple(cfg.eval_lengths),
@@ -104,8 +97,6 @@ class Job:
         """The records at lengths >= L0 with the far-context loss on the last L0 - 1 tokens of the longest length
         and its ratio to the base model (rope as saved) reading them through a sliding L0 window."""
         from transformers import AutoModelForCausalLM
-
-        from ..eval.far_context import sliding_window_baseline, with_far_context
 
         cfg, total = self.cfg, max(self.cfg.eval_lengths)
         docs, l0 = self.eval_documents, self.pretrain
@@ -145,8 +136,6 @@ class Job:
 
     def card(self, directory: Path, kind: str, final: Path) -> None:
         """The model card of ``directory``, whose snippet loads ``final`` (where the folder ends up)."""
-        from ..cards import write_model_card
-
         labelled = [{**r, "rope_type": f"{r['rope_type']} ({r['when']})"} for r in self.results]
         write_model_card(
             directory,

@@ -18,7 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..outputs import apply_umask
-from .loop import LOG_FILE, Interrupted, latest_checkpoint
+from .checkpoints import latest_checkpoint
+from .csv_log import LOG_FILE
+from .interrupt import Interrupted
 
 
 def work_dir(out, resume_from=None) -> Path:

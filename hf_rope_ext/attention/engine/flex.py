@@ -1,0 +1,101 @@
+"""The CUDA kernel of ``kernels.KERNELS``: flex_attention over a block mask built from a piece's key range.
+
+flex_attention reads only the key blocks its block mask lists for each query block, and evaluates the mask
+function only inside blocks listed as partly allowed. For a piece whose key range is a band of distances
+(low <= row index - column index < high: a window, causal, shifted causal) the lists come from arithmetic over
+[rows / BLOCK, columns / BLOCK] blocks, so no [c, kv] mask is ever built; a piece with a given mask tensor (the
+masked path: padding, packed sequences) is turned into a block mask of that tensor's own size. Row a of a piece is
+flex's query index a, column j its key index j. On CUDA the kernel is ``torch.compile(flex_attention,
+dynamic=True)`` (compiled once, the piece offsets enter as tensors, not as constants). The tests run the same
+function uncompiled on CPU, where flex_attention has a forward-only reference implementation; it applies the mask
+function to every pair and ignores the block lists, so the lists are checked against the dense mask separately.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_block_mask, flex_attention
+
+from .pieces import Piece
+
+BLOCK = 128  # flex_attention's block size, rows and columns
+FAR = 2**40  # a distance beyond any sequence: stands for an unbounded end of a piece's range
+
+
+def range_blocks(piece: Piece, rows: int, columns: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partly, fully) [n_row_blocks, n_column_blocks] bool: blocks with some / every (row, column) in range."""
+    a0 = torch.arange(0, rows, BLOCK, device=device)  # first row of each row block
+    a1 = (a0 + BLOCK).clamp(max=rows) - 1  # its last row
+    j0 = torch.arange(0, columns, BLOCK, device=device)
+    j1 = (j0 + BLOCK).clamp(max=columns) - 1
+    offset = piece.row0 - piece.column0
+    smallest = offset + a0[:, None] - j1[None, :]  # row index - column index over each block
+    largest = offset + a1[:, None] - j0[None, :]
+    fully = (smallest >= piece.low) & (largest < piece.high)
+    some = (largest >= piece.low) & (smallest < piece.high)
+    return some & ~fully, fully
+
+
+def ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[nq, nk] bool -> (count [1, 1, nq] int32, indices [1, 1, nq, nk] int32: each row's True columns first)."""
+    count = blocks.sum(-1, dtype=torch.int32)
+    indices = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return count[None, None], indices[None, None]
+
+
+def range_mask_mod(piece: Piece, device):
+    """flex's mask function of the piece's key range (the bounds as tensors, so a compiled kernel is reused)."""
+    offset = torch.tensor(piece.row0 - piece.column0, device=device)
+    low = torch.tensor(int(max(piece.low, -FAR)), device=device)
+    high = torch.tensor(int(min(piece.high, FAR)), device=device)
+
+    def mask_mod(b, h, a, j):
+        d = a - j + offset
+        return (d >= low) & (d < high)
+
+    return mask_mod
+
+
+def tensor_block_mask(mask: torch.Tensor, batch: int) -> BlockMask:
+    """A block mask of an additive mask [B or 1, 1, c, kv] (allowed where above half the dtype's minimum)."""
+    allowed = (mask > torch.finfo(mask.dtype).min / 2).expand(batch, 1, *mask.shape[2:])
+    rows, columns = mask.shape[2], mask.shape[3]
+    return create_block_mask(
+        lambda b, h, a, j: allowed[b, 0, a, j], batch, None, rows, columns, device=mask.device, BLOCK_SIZE=BLOCK
+    )
+
+
+def piece_block_mask(piece: Piece, batch: int, rows: int, columns: int, device) -> BlockMask | None:
+    """The block mask of a piece (None: every key seen)."""
+    if piece.mask is not None:
+        return tensor_block_mask(piece.mask, batch)
+    if not piece.cuts(rows, columns):
+        return None
+    partly, fully = range_blocks(piece, rows, columns, device)
+    return BlockMask.from_kv_blocks(
+        *ordered(partly),
+        *ordered(fully),
+        BLOCK_SIZE=BLOCK,
+        mask_mod=range_mask_mod(piece, device),
+        seq_lengths=(rows, columns),
+    )
+
+
+def flex_kernel(flex=flex_attention):
+    """A kernel (``kernels.Kernel``) running ``flex`` (flex_attention, compiled or not) over pieces."""
+
+    def kernel(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        block_mask = piece_block_mask(piece, q.shape[0], q.shape[2], k.shape[2], q.device)
+        gqa = q.shape[1] != k.shape[1]
+        out, aux = flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa, return_aux=AuxRequest(lse=True))
+        return out, aux.lse
+
+    return kernel
+
+
+@functools.cache
+def compiled_flex_kernel():
+    """The CUDA kernel, compiled on first use."""
+    return flex_kernel(torch.compile(flex_attention, dynamic=True))

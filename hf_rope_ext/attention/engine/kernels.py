@@ -1,0 +1,106 @@
+"""Attention pieces that return their log-sum-exp: one kernel per device, behind one table (``KERNELS``).
+
+A piece is one call: queries q [B, H, c, d] against keys k / values v [B, Hkv, kv, *] (kv heads read in place,
+GQA), seeing the keys a :class:`Piece` allows; it returns (out [B, H, c, dv], lse [B, H, c] float32), a row that
+sees no key giving out 0 and lse -inf. The engine plans pieces and merges them by their lse (``lse.merge``); only
+the kernel call below differs between devices, and the planning never needs a dense [q, kv] score or mask.
+
+- CPU: ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu``, the kernel ``F.scaled_dot_product_attention``
+  itself runs on CPU, which also returns the lse (measured on this project's 2-core AMD EPYC, one thread, torch
+  2.13, 32/8 heads, head_dim 64, 4096 tokens: causal 1.10 s against sdpa's 1.12 s in fp32, 1.16 s vs 1.13 s in
+  bf16). An additive float mask of the query dtype costs what no mask costs, so a window piece takes a small
+  [c, kv] mask. Its lse has no gradient: with autograd, :class:`FlashLse` supplies it (see its backward).
+- CUDA: ``torch.nn.attention.flex_attention`` (compiled), with the piece's key range as a block mask built from
+  block indices (``flex.piece_block_mask``: no [c, kv] mask either) and ``return_aux=AuxRequest(lse=True)``. Chosen
+  because it is the one kernel that takes every mask the bands need (window, shifted causal, a given padding mask)
+  and returns the lse with gradients, and because it is the one we can check here: uncompiled, flex_attention runs
+  on CPU for small shapes, so the tests compare its masks and lse on CPU. The flash op would serve only the
+  unmasked and causal pieces, and the efficient-attention op has no CPU implementation to check it against.
+  Not measured on a GPU in this work (none was lent); ``benchmarks/gpu.sh`` measures it where one is.
+Devices not in the table (MPS) take the reference path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.nn import functional as F
+
+from .flex import compiled_flex_kernel
+from .pieces import Piece, expand_heads, needs_grad
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+class FlashLse(torch.autograd.Function):
+    """(out [B, H, c, dv], lse [B, H, c] float32) of softmax(q k^T * scale + mask) v, differentiable in both."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, causal: bool, scale: float):
+        out, lse = _flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):
+        """d score_ij = P_ij (dO_i . v_j - dO_i . o_i + dL_i): the flash backward of q, k with a zero column,
+        v with a column of ones, the output with a zero column and dO with dL appended computes exactly that."""
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        d_out = torch.zeros_like(out) if d_out is None else d_out
+        d_lse = torch.zeros_like(lse) if d_lse is None else d_lse
+        pad = [0, 1]
+        ones = torch.ones(*v.shape[:-1], 1, dtype=v.dtype, device=v.device)
+        gq, gk, gv = _flash_backward(
+            torch.cat((d_out, d_lse[..., None].to(d_out.dtype)), -1).contiguous(),
+            F.pad(q, pad),
+            F.pad(k, pad),
+            torch.cat((v, ones), -1),
+            F.pad(out, pad),
+            lse,
+            0.0,
+            ctx.causal,
+            attn_mask=mask,
+            scale=ctx.scale,
+        )
+        return gq[..., :-1], gk[..., :-1], gv[..., :-1], None, None, None
+
+
+def cpu_flash(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU kernel: the piece's key range as torch's causal flag, a small additive mask, or nothing."""
+    c, kv = q.shape[2], k.shape[2]
+    causal, mask = piece.top_left_causal(), piece.mask
+    if mask is None and not causal and piece.cuts(c, kv):
+        allowed = piece.allowed(c, kv, q.device)
+        mask = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
+    groups = q.shape[1] // k.shape[1]
+    if c == 1 and groups > 1 and (mask is None or mask.shape[1] == 1) and not needs_grad(q, k, v):
+        # one query (decode): the query heads of a kv head become rows of one problem (1.4x faster measured)
+        b = q.shape[0]
+        out, lse = _flash(q.reshape(b, k.shape[1], groups, -1), k, v, 0.0, False, attn_mask=mask, scale=scale)
+        return out.reshape(b, q.shape[1], 1, -1), lse.reshape(b, q.shape[1], 1)
+    if needs_grad(q, k, v):
+        if groups > 1:  # the backward sums kv-head gradients only for equal head counts
+            k, v = expand_heads(k, q.shape[1]), expand_heads(v, q.shape[1])
+        return FlashLse.apply(q, k, v, mask, causal, scale)
+    return _flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+
+
+def cuda_flex(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CUDA kernel: flex_attention, compiled on its first call, over the piece's block mask (``flex``)."""
+    return compiled_flex_kernel()(q, k, v, piece, scale)
+
+
+Kernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (q, k, v, piece, scale) -> (out, lse)
+KERNELS: dict[str, Kernel] = {"cpu": cpu_flash, "cuda": cuda_flex}  # device type -> kernel
+
+
+def kernel_for(device: torch.device) -> Kernel | None:
+    return KERNELS.get(device.type)
+
+
+def attend_piece(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of one piece on q's device."""
+    return KERNELS[q.device.type](q, k, v, piece, scale)

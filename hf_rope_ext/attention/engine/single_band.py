@@ -1,0 +1,146 @@
+"""The fast engine's one-band forms (xPos, RoPER, the dynamic frequency types): plain RoPE queries and keys (xPos
+scaled relative to a reference, ``treatments``), RoPER's rotated values, per chunk of query rows: one sdpa call
+when possible, else pieces merged by log-sum-exp. Keys and values rotated at earlier decode steps are reused."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from . import rotated_cache
+from .call import Call
+from .kernels import attend_piece
+from .lse import Rows, causal_lse
+from .pieces import Piece, needs_grad
+from .rotation import half_cos_sin64, rotate, turn
+from .treatments import (
+    decay_rows,
+    exponent_bound,
+    key_log_scale,
+    log_zeta,
+    query_log_scale,
+    segments,
+    turn_output_back,
+    value_inv_freq,
+)
+
+ROWS = 1024  # query rows per chunk at most: its rotated queries and outputs are the temporaries
+
+
+def rotated_keys(call: Call, old_rows: int, last: torch.Tensor | None = None) -> torch.Tensor:
+    """Keys [B, Hkv, kv, d] rotated by their positions (rows before ``old_rows`` remembered from earlier steps;
+    ``last``: the newest one already rotated)."""
+    if "rotated_keys" not in call.state:
+        by = lambda x, p: rotate(x, p, call.inv_freq)  # noqa: E731
+        call.state["rotated_keys"] = rotated_cache.rotated(
+            call.memory, "key", call.tag, call.key, call.k_pos, old_rows, by, 0, last
+        )
+    return call.state["rotated_keys"]
+
+
+def rotated_values(call: Call, old_rows: int, last: torch.Tensor | None = None) -> torch.Tensor:
+    """Values [B, Hkv, kv, dv]; RoPER's rotated by their positions, remembered across decode steps."""
+    if call.form.values is None:
+        return call.value
+    inv_freq = value_inv_freq(call)
+    by = lambda x, p: rotate(x, p, inv_freq)  # noqa: E731
+    return rotated_cache.rotated(call.memory, "value", call.tag, call.value, call.k_pos, old_rows, by, 0, last)
+
+
+def decay_half(call: Call) -> int:
+    """xPos chunks hold half the decay row limit, so the reference r (a multiple of it) stays within the bound."""
+    return max(1, decay_rows(call) // 2)
+
+
+def decayed_query_keys(call: Call, rows: slice, old_rows: int):
+    """xPos: queries scaled by zeta^((m - r)/s), keys by zeta^((r - n)/s), r the multiple of ``decay_half``
+    just above the chunk's largest position; each rotated and scaled in one pass (``rotate``'s log_scale)."""
+    half, m = decay_half(call), call.q_pos[:, rows]
+    ref = (m.max(dim=-1, keepdim=True).values // half + 1) * half  # [B, 1]
+    q = rotate(call.query[:, :, rows], m, call.inv_freq, query_log_scale(call, m, ref))
+
+    def scaled(x, n):
+        return rotate(x, n, call.inv_freq, key_log_scale(call, n, ref))
+
+    reference = tuple(ref.flatten().tolist())
+    if old_rows <= 0:  # prefill: keys rotated and scaled once per reference
+        memo = ("xpos_keys", reference)
+        if memo not in call.state:
+            call.state.pop(call.state.get("xpos_last"), None)  # the previous reference's keys: done with
+            call.state[memo], call.state["xpos_last"] = scaled(call.key, call.k_pos), memo
+        return q, call.state[memo]
+    tag = ("xpos_key", call.tag, reference)
+    return q, rotated_cache.rotated(call.memory, "xpos_key", tag, call.key, call.k_pos, old_rows, scaled)
+
+
+def decode_step(call: Call, scale: float) -> torch.Tensor:
+    """One query after a cache, [B, H, 1, dv]: the angles of position m formed once for the query and the new key
+    (and RoPER's new value and the output's turn back, with the values' frequencies)."""
+    old_rows, m, new = call.key.shape[2] - 1, call.q_pos, call.key[:, :, -1:]  # m [B, 1], new [B, Hkv, 1, d]
+    cos, sin = half_cos_sin64(m, call.inv_freq)  # [B, 1, 1, r/2]
+    if call.form.decay is None:
+        q, keys = turn(call.query, cos, sin), rotated_keys(call, old_rows, turn(new, cos, sin))
+    else:
+        q, keys = decayed_step(call, cos, sin, old_rows)
+    if call.form.values is None:
+        return attend_piece(q, keys, call.value, Piece(), scale)[0]
+    value_cos, value_sin = half_cos_sin64(m, value_inv_freq(call))
+    values = rotated_values(call, old_rows, turn(call.value[:, :, -1:], value_cos, value_sin))
+    return turn(attend_piece(q, keys, values, Piece(), scale)[0], value_cos, -value_sin)
+
+
+def decayed_step(call: Call, cos, sin, old_rows: int):
+    """xPos's decode step: ``decayed_query_keys`` for one query, the query's and the new key's scales riding on
+    the angles of m."""
+    half, m = decay_half(call), call.q_pos
+    ref = (m // half + 1) * half  # [B, 1], above m: the new key's log factor is minus the query's (unclamped)
+    q_log = ((m - ref).double() / call.form.decay.scale(call.params))[:, None, :, None] * log_zeta(call)
+    q_scale = torch.exp(q_log.clamp(max=exponent_bound(call.query.dtype))).float()  # [B, 1, 1, r/2]
+    k_scale = torch.exp(-q_log).float()
+    q = turn(call.query, cos * q_scale, sin * q_scale)
+    last = turn(call.key[:, :, -1:], cos * k_scale, sin * k_scale)
+
+    def scaled(x, n):
+        return rotate(x, n, call.inv_freq, key_log_scale(call, n, ref))
+
+    tag = ("xpos_key", call.tag, tuple(ref.flatten().tolist()))
+    return q, rotated_cache.rotated(call.memory, "xpos_key", tag, call.key, call.k_pos, old_rows, scaled, 0, last)
+
+
+def query_keys(call: Call, rows: slice, old_rows: int):
+    """(queries [B, H, c, d], keys [B, Hkv, kv, d]) of one chunk, ready for plain attention."""
+    if call.form.decay is not None:
+        return decayed_query_keys(call, rows, old_rows)
+    return rotate(call.query[:, :, rows], call.q_pos[:, rows], call.inv_freq), rotated_keys(call, old_rows)
+
+
+def chunks(call: Call) -> list[slice]:
+    """Query row chunks: the segments, cut to ROWS rows (xPos: to ``decay_half`` rows first)."""
+    limit = decay_half(call) if call.form.decay is not None else None
+    cut = [
+        slice(i, min(i + (limit or stop - start), stop))
+        for start, stop in segments(call)
+        for i in range(start, stop, limit or stop - start)
+    ]
+    return [slice(i, min(i + ROWS, c.stop)) for c in cut for i in range(c.start, c.stop, ROWS)]
+
+
+def single_band(call: Call, mask, causal: bool, scale: float) -> torch.Tensor:
+    """Plain RoPE scores (xPos scaled), RoPER's values: [B, H, q, dv]."""
+    q_len, kv = call.query.shape[2], call.key.shape[2]
+    if q_len == 1 and mask is None and causal:
+        return decode_step(call, scale)
+    offset, out = kv - q_len, Rows(call.query, call.value.shape[-1], needs_grad(call.query, call.key, call.value))
+    values, chunk_list = rotated_values(call, offset), chunks(call)
+    for rows in chunk_list:
+        q, k = query_keys(call, rows, offset)
+        if mask is not None or not causal:
+            rows_mask = None if mask is None else (mask[..., rows, :] if mask.shape[-2] > 1 else mask)
+            block = F.scaled_dot_product_attention(q, k, values, attn_mask=rows_mask, scale=scale, enable_gqa=True)
+        elif len(chunk_list) == 1 and offset == 0:  # one call: the output needs no buffer
+            block = F.scaled_dot_product_attention(q, k, values, scale=scale, is_causal=True, enable_gqa=True)
+            return turn_output_back(call, block, rows)
+        else:
+            block = causal_lse(q, k, values, offset + rows.start, scale)[0]
+        out.put(rows, turn_output_back(call, block, rows))
+    return out.result()

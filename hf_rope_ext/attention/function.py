@@ -1,0 +1,108 @@
+"""The attention function of the package's types: checks, positions, then the fast or the reference engine.
+
+``attend`` is what transformers calls (through the functions ``_transformers.attention_interface`` registers
+under ``"eager"`` and ``"sdpa"``) for a module whose config names one of these types. Queries and keys arrive
+unrotated (the rotary module got zero frequencies) and the KV cache holds unrotated keys, so each call rotates
+with exact positions: ``"sdpa"`` runs the fast engine where it applies, ``"eager"`` the reference engine.
+"""
+
+from __future__ import annotations
+
+from .. import registry
+from ..models import unsupported_reason
+from .engine import fast, reference, rotated_cache
+from .engine.call import Call, crop_empty_slots, key_positions, query_positions
+from .layer import Layer, resolve
+
+IMPLEMENTATIONS = ("eager", "sdpa")  # the attention implementations that run these types
+
+
+def check_module(module, name: str, implementation: str) -> registry.RopeMethod:
+    method = registry.get_method(name)
+    model_type = getattr(module.config, "model_type", None)
+    if method.families is not None and model_type not in method.families:
+        raise ValueError(
+            f"rope_type={name!r} does not support model_type={model_type!r} ({unsupported_reason(model_type)}); "
+            f"supported: {list(method.families)}"
+        )
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"attn_implementation={implementation!r} cannot apply rope_type={name!r} (it takes no score "
+            f"modification); use one of {sorted(IMPLEMENTATIONS)}"
+        )
+    return method
+
+
+def refuse_extras(module, name: str, implementation: str, kwargs: dict) -> float | None:
+    """The score softcap to apply (None: none); raises for what the engines cannot apply."""
+    model_type = getattr(module.config, "model_type", None)
+    if kwargs.get("position_bias") is not None:
+        raise ValueError(f"position_bias={kwargs['position_bias']!r} is not supported with rope_type={name!r}")
+    softcap = kwargs.get("softcap")
+    if softcap is not None and implementation != "eager":
+        raise ValueError(
+            f"model_type={model_type!r} caps attention scores (attn_logit_softcapping={softcap!r}), which "
+            f"attn_implementation={implementation!r} cannot apply with rope_type={name!r}; "
+            'load the model with attn_implementation="eager"'
+        )
+    return softcap
+
+
+def check_window_mask(module, name: str, mask, key, sliding_window) -> None:
+    """A sliding-window layer keeps its window through the mask: without one, every key must be inside it."""
+    if mask is None and sliding_window is not None and key.shape[2] > sliding_window:
+        raise ValueError(
+            f"a sliding-window layer (sliding_window={sliding_window}) of model_type="
+            f"{getattr(module.config, 'model_type', None)!r} got {key.shape[2]} keys and no attention mask; "
+            f"rope_type={name!r} applies the window through the mask transformers builds for it"
+        )
+
+
+def make_call(layer: Layer, module, query, key, value, mask, position_ids, memory) -> Call:
+    """Positions of queries and keys, the frequencies the layer rotates by (kv heads as they come)."""
+    batch, _, q_len, _ = query.shape
+    q_pos = query_positions(position_ids, batch, q_len)
+    k_pos = key_positions(q_pos, mask, key.shape[2])
+    inv_freq, score_scale, tag = layer.frequencies(module.config, k_pos, query.device)
+    return Call(
+        query,
+        key,
+        value,
+        q_pos,
+        k_pos,
+        inv_freq,
+        layer.params,
+        layer.form,
+        tag,
+        score_scale,
+        memory,
+        constants=layer.constants,
+    )
+
+
+def attend_layer(
+    layer: Layer, implementation: str, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
+    """``attend`` for a module already resolved to ``layer``."""
+    check_module(module, layer.name, implementation)
+    softcap = refuse_extras(module, layer.name, implementation, kwargs)
+    memory = rotated_cache.kept_by_cache(key) or rotated_cache.beside(module)  # before cropping: the layer's keys
+    key, value, attention_mask = crop_empty_slots(query, key, value, attention_mask)
+    check_window_mask(module, layer.name, attention_mask, key, kwargs.get("sliding_window"))
+    call = make_call(layer, module, query, key, value, attention_mask, kwargs.get("position_ids"), memory)
+    causal = kwargs.get("is_causal") if kwargs.get("is_causal") is not None else getattr(module, "is_causal", True)
+    scale = (scaling if scaling is not None else query.shape[-1] ** -0.5) * call.score_scale
+    out = None
+    if implementation == "sdpa":
+        out = fast.run(call, module, attention_mask, causal, scale, dropout, module.training)
+    if out is None:
+        out = reference.run(call, attention_mask, causal, scale, dropout, module.training, softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def attend(implementation: str, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function signature; returns (output [B, q, H, dv], None: no weights kept)."""
+    layer = resolve(module)
+    if layer is None:
+        raise ValueError(f"{type(module).__name__} names no rope_type of this package that rotates in attention")
+    return attend_layer(layer, implementation, module, query, key, value, attention_mask, scaling, dropout, **kwargs)

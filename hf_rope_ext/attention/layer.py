@@ -1,0 +1,137 @@
+"""What an attention module's config asks of the attention function, resolved once per module (:class:`Layer`).
+
+Per call, ``resolve`` reads the module's rope_parameters (its layer type's entry when nested) to see whether they
+name a package type that rotates inside attention (stock modules stop there: the stock function runs, traced by
+torch.compile as before); for such a module everything else (the declaration, defaults filled in, the
+frequencies and the rotation's identity) is resolved at its first call and kept until its rope_parameters change.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import registry
+from ..models import is_rope_free_layer
+from .engine.rotation import base_inv_freq
+from .methods.form import PLAIN, AttentionForm
+from .methods.params import FAMILIES
+
+
+def layer_rope(module) -> tuple[dict, str | None] | None:
+    """(rope_parameters of this attention module's layer, layer_type or None when flat), or None when it has none.
+
+    Nested per layer type (Gemma 3's local/global layers) when the entry of the module's ``layer_types[layer_idx]``
+    is a dict, as the rotary module reads them; else flat (Qwen2 and Gemma 2 have ``layer_types`` but flat ones).
+    """
+    config = getattr(module, "config", None)
+    params = getattr(config, "rope_parameters", None)
+    if not params:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    layer_idx = getattr(module, "layer_idx", None)
+    if layer_types is not None and layer_idx is not None and layer_types[layer_idx] in params:
+        layer_type = layer_types[layer_idx]
+        refuse_flat_beside_nested(config, params)
+        return params[layer_type] or None, layer_type  # None: a layer without RoPE
+    if "rope_type" in params or "type" in params:
+        return params, None
+    return None
+
+
+def refuse_flat_beside_nested(config, params: dict) -> None:
+    """A package type given flat to a config with per-layer-type parameters would be ignored: refuse it."""
+    stray = params.get("rope_type", params.get("type"))
+    if stray is not None and registry.find(stray) is not None:
+        nested = sorted(k for k, v in params.items() if isinstance(v, dict))
+        raise ValueError(
+            f"rope_parameters['rope_type']={stray!r} is set beside the per-layer-type entries {nested} of "
+            f"model_type={getattr(config, 'model_type', None)!r}, whose rotary module reads only those: put the type "
+            f"in each layer type's dict, e.g. rope_parameters={{{nested[0]!r}: {{'rope_type': {stray!r}, ...}}, ...}}"
+        )
+
+
+def routes_through_attention(name: str, config) -> bool:
+    """Whether ``name`` on this config rotates inside the attention function (identity in the rotary module).
+
+    Attention-level types always do. The package's dynamic frequency types do on the families whose attention
+    modules the attention function serves, so cached (unrotated) keys are re-rotated with the frequencies in
+    force; elsewhere they run through transformers' own dynamic updater.
+    """
+    method = registry.find(name)
+    if method is None or not (method.kind == "attention" or method.dynamic):
+        return False
+    return method.kind == "attention" or getattr(config, "model_type", None) in FAMILIES
+
+
+def config_routes(config) -> bool:
+    """Whether a model of ``config`` rotates some layer inside the attention function (one of the package's types,
+    flat or per layer type), i.e. whether its cache should keep rotated rows."""
+    text = config
+    if hasattr(config, "get_text_config"):
+        try:
+            text = config.get_text_config(decoder=True)
+        except ValueError:  # a composite config with several text configs: its own rope_parameters are read
+            text = config
+    params = getattr(text, "rope_parameters", None)
+    params = params if isinstance(params, dict) else {}
+    flat = "rope_type" in params or "type" in params
+    dicts = [params] if flat else [v for v in params.values() if isinstance(v, dict)]
+    names = {d.get("rope_type", d.get("type")) for d in dicts}
+    return any(routes_through_attention(name, text) for name in names)
+
+
+@dataclass
+class Layer:
+    """One attention module's rope request, resolved: what every call of the module needs."""
+
+    name: str  # the package's rope_type
+    method: registry.RopeMethod
+    form: AttentionForm  # the method's declaration (plain RoPE for the dynamic frequency types)
+    params: dict  # the layer's rope_parameters, defaults filled in
+    layer_type: str | None
+    rope: dict  # the rope_parameters dict it was resolved from ...
+    snapshot: dict  # ... and a copy, to notice changes made in place
+    constants: dict = field(default_factory=dict)  # values of the layer alone, per device (``Call.constant``)
+
+    def frequencies(self, config, k_pos: torch.Tensor, device) -> tuple[torch.Tensor, float, tuple]:
+        """(theta_i [r/2] float64, score scale, the rotation's identity) of a call with keys at ``k_pos``."""
+        if not self.method.dynamic:
+            key = ("frequencies", device)  # a torch.device (the query's)
+            if key not in self.constants:
+                inv_freq = base_inv_freq(config, self.layer_type, device)
+                self.constants[key] = (inv_freq, 1.0, self.tag(inv_freq))
+            return self.constants[key]
+        length = int(k_pos.max()) + 1  # positions 0 .. length-1 are in force (cached keys included)
+        inv_freq, attention_factor = self.method.frequencies(config, device, length, self.layer_type)
+        return inv_freq.double(), float(attention_factor) ** 2, self.tag(inv_freq.double())
+
+    def tag(self, inv_freq: torch.Tensor) -> tuple:
+        return (self.name, tuple(inv_freq.tolist()), str(sorted(self.params.items())))
+
+
+_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> Layer
+
+
+def resolve(module) -> Layer | None:
+    """The resolved rope request of ``module`` when it names a package type that rotates inside attention, else
+    None (the stock attention function serves it)."""
+    found = layer_rope(module)
+    if found is None or found[0] is None or is_rope_free_layer(module):
+        return None
+    rope, layer_type = found
+    name = rope.get("rope_type", rope.get("type"))
+    if not routes_through_attention(name, module.config):
+        return None
+    layer = _LAYERS.get(module)
+    if layer is None or layer.rope is not rope or layer.layer_type != layer_type or layer.snapshot != rope:
+        layer = _LAYERS[module] = build(name, rope, layer_type)
+    return layer
+
+
+def build(name: str, rope: dict, layer_type: str | None) -> Layer:
+    method = registry.get_method(name)
+    form = method.attention if method.attention is not None else PLAIN
+    return Layer(name, method, form, registry.filled(rope, method), layer_type, rope, dict(rope))

@@ -1,0 +1,78 @@
+"""What an attention-level method declares (plain data, no torch): its score bands and how it treats values.
+
+A query at position m meets a key at position n (distance d = m - n, d >= 0 under a causal mask) in exactly one
+band, chosen by the band's key range:
+- ``"all"``: every key (one-band methods: xPos, RoPER, the dynamic frequency types rotated in attention);
+- ``"window"``: d < w, w = ``rope_parameters["window"]`` (the near band of the two-band methods);
+- ``"beyond"``: d >= w, i.e. keys n <= m - w: causal attention shifted by the window (the far band).
+Within its band the pair is scored as plain RoPE with the query rotated by ``query_position(m)`` and the key by
+``key_position(n)`` (None: the position itself), so the pair turns by (query_position(m) - key_position(n))
+theta_i. ReRoPE's far band rotates the query by w and leaves keys unrotated; Self-Extend groups both far positions
+as floor(pos / group_size). ``Decay`` (xPos) scales each rotary pair's term of the score, ``ValueTurn`` (RoPER)
+turns values and the output. The engine (``attention.engine``) runs any such declaration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads the method modules
+    from torch import Tensor
+
+PositionFn = Callable[["Tensor", dict], "Tensor"]  # (positions [B, L] int64, rope params) -> positions [B, L]
+
+
+def origin(positions: Tensor, params: dict) -> Tensor:
+    """Every position taken as 0: keys left unrotated (ReRoPE's far band); the engine then reads them as cached."""
+    return positions.new_zeros(positions.shape)
+
+
+@dataclass(frozen=True)
+class Band:
+    """One score band: the keys it covers and the positions its queries and keys are rotated by."""
+
+    keys: Literal["all", "window", "beyond"] = "all"
+    query_position: PositionFn | None = None  # None: the query's own position m
+    key_position: PositionFn | None = None  # None: the key's own position n
+
+
+@dataclass(frozen=True)
+class Decay:
+    """Each rotary pair i's score term times zeta_i^(d / scale): ``log_zeta(2i/d [d/2] float64, params)`` gives
+    log zeta_i (all < 0), ``scale(params)`` the positions per decay step."""
+
+    log_zeta: Callable[[Tensor, dict], Tensor]
+    scale: Callable[[dict], float]
+
+
+@dataclass(frozen=True)
+class ValueTurn:
+    """Values rotated by their position n and the output rotated back by the query's m, in pairs (j, j + r_v/2)
+    of the first r_v value dims with their own theta_j = b^(-2j/r_v); ``dims(params, rotary_dim, value_dim)``
+    gives r_v (or raises ValueError)."""
+
+    dims: Callable[[dict, int, int], int]
+
+
+@dataclass(frozen=True)
+class AttentionForm:
+    """How an attention-level method forms scores and outputs (the default: plain RoPE, one band)."""
+
+    bands: tuple[Band, ...] = (Band(),)
+    decay: Decay | None = None
+    values: ValueTurn | None = None
+
+    @property
+    def far(self) -> Band | None:
+        """The far band of a two-band method (keys ``"beyond"`` the window), else None."""
+        return next((b for b in self.bands if b.keys == "beyond"), None)
+
+
+PLAIN = AttentionForm()
+
+
+def two_bands(far_query: PositionFn, far_key: PositionFn) -> AttentionForm:
+    """Plain RoPE inside the window, the given positions beyond it (ReRoPE, leaky ReRoPE, Self-Extend)."""
+    return AttentionForm(bands=(Band("window"), Band("beyond", far_query, far_key)))

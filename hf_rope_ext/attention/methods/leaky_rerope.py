@@ -1,0 +1,38 @@
+"""``leaky_rerope``: distance m - n inside the window, window + (m - n - window) / factor beyond it.
+
+Far band: query rotated by m/factor + window - window/factor, key by n/factor (fractional positions).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...declare import RopeMethod
+from ...frequencies.common import plain_frequencies
+from .form import two_bands
+from .params import FACTOR, FAMILIES, WINDOWED, check_window
+
+if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
+    from torch import Tensor
+
+
+def far_query(m: Tensor, params: dict) -> Tensor:
+    w, f = float(params["window"]), float(params["factor"])
+    return m.double() / f + (w - w / f)
+
+
+def far_key(n: Tensor, params: dict) -> Tensor:
+    return n.double() / float(params["factor"])
+
+
+METHOD = RopeMethod(
+    name="leaky_rerope",
+    kind="attention",
+    frequencies=plain_frequencies,
+    params={"factor": FACTOR, **WINDOWED},
+    summary="leaky ReRoPE: m-n inside the window, window + (m-n-window)/factor beyond",
+    check=check_window,
+    families=FAMILIES,
+    example={"window": 16, "factor": 4.0},
+    attention=two_bands(far_query, far_key),
+)

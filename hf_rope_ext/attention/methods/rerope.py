@@ -1,0 +1,33 @@
+"""``rerope``: ReRoPE, relative distance min(m - n, window).
+
+Beyond the window the query is rotated by ``window`` and the key is not rotated at all.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...declare import RopeMethod
+from ...frequencies.common import plain_frequencies
+from .form import origin, two_bands
+from .params import FAMILIES, WINDOWED, check_window
+
+if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
+    from torch import Tensor
+
+
+def far_query(m: Tensor, params: dict) -> Tensor:
+    return m.new_full(m.shape, int(params["window"]))
+
+
+METHOD = RopeMethod(
+    name="rerope",
+    kind="attention",
+    frequencies=plain_frequencies,
+    params=dict(WINDOWED),
+    summary="ReRoPE: relative distance min(m-n, window)",
+    check=check_window,
+    families=FAMILIES,
+    example={"window": 16},
+    attention=two_bands(far_query, origin),
+)

@@ -1,0 +1,46 @@
+"""``xpos``: xPos, ordinary RoPE scores times zeta_i^((m - n)/scale_base) per rotary pair i,
+zeta_i = (2i/d + gamma) / (1 + gamma). How the engine keeps it within the float range: ``engine.treatments``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...declare import REQUIRED, Param, RopeMethod
+from ...frequencies.common import plain_frequencies
+from .form import AttentionForm, Decay
+from .params import FAMILIES, check_family
+
+if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
+    from torch import Tensor
+
+
+def log_zeta(two_i_over_d: Tensor, params: dict) -> Tensor:
+    """log zeta_i for the d/2 rotary pairs (2i/d [d/2] float64), all < 0."""
+    gamma = float(params["gamma"])
+    return ((two_i_over_d + gamma) / (1.0 + gamma)).log()
+
+
+def scale_base(params: dict) -> float:
+    return float(params["scale_base"])
+
+
+METHOD = RopeMethod(
+    name="xpos",
+    kind="attention",
+    frequencies=plain_frequencies,
+    params={
+        "scale_base": Param(
+            default=REQUIRED,
+            exclusive_minimum=0,
+            help="positions per decay step s, as the model was trained with (the paper and torchscale use 512)",
+        ),
+        "gamma": Param(default=0.4, exclusive_minimum=0, help="zeta_i = (2i/d + gamma)/(1 + gamma)"),
+    },
+    summary="xPos: RoPE scores decayed by zeta_i^((m-n)/scale_base) per pair (needs a model trained with it)",
+    check=check_family,
+    families=FAMILIES,
+    training_free=False,
+    example={"scale_base": 512.0},
+    attention=AttentionForm(decay=Decay(log_zeta, scale_base)),
+)

@@ -1,0 +1,207 @@
+"""The house in numbers: import cycles, imports inside functions, module sizes (an AST walk, nothing imported).
+
+    python scripts/house.py            # a report; exit status 1 on a cycle, a module over the limit, or a reach
+                                       # into transformers' internals outside hf_rope_ext/_transformers/
+
+Edges: ``import a.b`` and ``from a import b`` (b a module) point to that module, ``from a import name`` to package
+``a`` (its ``__init__``); importing a module also points to every package above it that is not above the importer
+(Python runs those ``__init__`` files first, so a circle through them is a circle). Imports inside functions count
+(they run too); imports under ``if TYPE_CHECKING:`` do not. A cycle is a strongly connected component of more than
+one module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = "hf_rope_ext"
+LINE_LIMIT = 300
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Dotted name -> file, for every module of the package under ``root``."""
+    return {module_name(p, root): p for p in sorted((root / PACKAGE).rglob("*.py"))}
+
+
+def resolve(name: str, level: int, current: str, is_package: bool) -> str:
+    """The absolute module a (relative) import names."""
+    if level == 0:
+        return name
+    base = current.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def type_checking_lines(tree: ast.AST) -> set[int]:
+    """Line numbers of statements under ``if TYPE_CHECKING:`` (imports there never run)."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            lines.update(n.lineno for stmt in node.body for n in ast.walk(stmt) if hasattr(n, "lineno"))
+    return lines
+
+
+def function_lines(tree: ast.AST) -> set[int]:
+    """Line numbers inside function bodies."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines.update(n.lineno for stmt in node.body for n in ast.walk(stmt) if hasattr(n, "lineno"))
+    return lines
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, bool]]:
+    """(imported module of the package, whether the import sits inside a function) for each import of ``name``."""
+    tree = ast.parse(path.read_text())
+    skipped, inside = type_checking_lines(tree), function_lines(tree)
+    is_package = path.name == "__init__.py"
+    found = []
+    for node in ast.walk(tree):
+        if node.lineno in skipped if hasattr(node, "lineno") else True:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = resolve(node.module or "", node.level, name, is_package)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        inner = node.lineno in inside
+        found += [(m, inner) for t in targets if t in known for m in with_packages(t, name, known) if m != name]
+    return found
+
+
+def with_packages(target: str, importer: str, known) -> list[str]:
+    """``target`` and the packages above it whose ``__init__`` runs first, except those above the importer."""
+    parts = target.split(".")
+    above = {".".join(importer.split(".")[:i]) for i in range(1, importer.count(".") + 1)}
+    packages = [".".join(parts[:i]) for i in range(1, len(parts))]
+    return [target] + [p for p in packages if p in known and p not in above]
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's components of more than one node."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    sys.setrecursionlimit(10000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+SEAMS = f"{PACKAGE}._transformers"
+
+
+INTERNAL_MODULES = ("transformers.models.auto.",)  # helpers of the auto classes, not an extension point
+
+
+def transformers_names(tree: ast.AST) -> tuple[list[str], set[str]]:
+    """(private or internal names imported from transformers, local names bound to something of transformers,
+    also through plain aliases such as ``cls = module.Class``)."""
+    private, bound = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "transformers" and not node.level:
+            parts = node.module.split(".") + [a.name for a in node.names]
+            internal = (node.module + ".").startswith(INTERNAL_MODULES)
+            private += [f"{node.module}:{a.name}" for a in node.names if internal or any(p[:1] == "_" for p in parts)]
+            bound |= {a.asname or a.name for a in node.names}
+    for node in ast.walk(tree):  # aliases: names assigned from something bound (one level is what the code does)
+        if isinstance(node, ast.Assign) and rooted_in(node.value, bound):
+            bound |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+    return private, bound
+
+
+def rooted_in(value: ast.AST, bound: set[str]) -> bool:
+    """Whether ``value`` is a name or attribute chain (or a tuple of them) starting at a bound name."""
+    if isinstance(value, ast.Tuple):
+        return any(rooted_in(v, bound) for v in value.elts)
+    while isinstance(value, ast.Attribute):
+        value = value.value
+    return isinstance(value, ast.Name) and value.id in bound
+
+
+def reaches(name: str, path: Path) -> list[str]:
+    """What a module outside the seams does to transformers that only a seam may: import private names, or set
+    attributes of (or on) something imported from transformers."""
+    if name == SEAMS or name.startswith(SEAMS + "."):
+        return []
+    tree = ast.parse(path.read_text())
+    private, bound = transformers_names(tree)
+    found = [f"{name} imports {p}" for p in private]
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and getattr(target.value, "id", None) in bound:
+                found.append(f"{name}:{node.lineno} sets {target.value.id}.{target.attr}")
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and node.args:
+            if getattr(node.args[0], "id", None) in bound:
+                found.append(f"{name}:{node.lineno} setattr on {node.args[0].id}")
+    return found
+
+
+def report(root: Path, top_level_only: bool = False) -> dict:
+    """Cycles, imports inside functions, and modules over LINE_LIMIT lines of the package under ``root``."""
+    known = modules(root)
+    graph, inside = {m: set() for m in known}, []
+    for name, path in known.items():
+        for target, in_function in imports(name, path, known):
+            if in_function:
+                inside.append((name, target))
+            if not (top_level_only and in_function):
+                graph[name].add(target)
+    sizes = {name: len(path.read_text().splitlines()) for name, path in known.items()}
+    large = sorted(((n, s) for n, s in sizes.items() if s > LINE_LIMIT), key=lambda x: -x[1])
+    reach = [r for name, path in known.items() for r in reaches(name, path)]
+    return {"cycles": strongly_connected(graph), "inside_functions": inside, "large": large, "reach": reach}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
+    parser.add_argument("--top-level-only", action="store_true", help="leave imports inside functions out")
+    args = parser.parse_args(argv)
+    found = report(args.root, args.top_level_only)
+    for component in found["cycles"]:
+        print(f"cycle of {len(component)} modules: {' '.join(component)}")
+    print(f"import cycles: {len(found['cycles'])}")
+    print(f"imports of the package's own modules inside functions: {len(found['inside_functions'])}")
+    for name, size in found["large"]:
+        print(f"over {LINE_LIMIT} lines: {name} ({size})")
+    for line in found["reach"]:
+        print(f"outside the seams: {line}")
+    return 1 if found["cycles"] or found["large"] or found["reach"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

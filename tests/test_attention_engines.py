@@ -1,0 +1,230 @@
+"""Every method on every engine: the reference engine (eager), the fast engine with the CPU kernel, and the fast
+engine as it runs on CUDA, here on CPU with the CUDA kernel swapped for CPU functions of the same signature and
+meaning: ``dense_kernel`` below (written here, independent of the package: explicit scores per piece, autograd)
+and the CUDA kernel's own code, ``flex.flex_kernel`` with flex_attention uncompiled (forward only on CPU).
+Only the kernel differs between devices (``kernels.KERNELS``), so the planning and merging are the CUDA path's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import ENGINE_PARAMS, tiny_model
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hf_rope_ext.attention import function
+from hf_rope_ext.attention.engine import flex, kernels, masked, rotated_cache, single_band, two_band
+from hf_rope_ext.attention.engine.pieces import Piece
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+PARAMS = {**ENGINE_PARAMS, "dynamic_yarn": {"original_max_position_embeddings": 16}}
+TYPES = sorted(PARAMS)
+LENGTH = 40
+
+
+def dense_kernel(q, k, v, piece: Piece, scale: float):
+    """The kernel's meaning, written out: (out, lse) of softmax over the keys the piece allows; 0 and -inf for a
+    row that sees none."""
+    c, kv = q.shape[2], k.shape[2]
+    groups = q.shape[1] // k.shape[1]
+    keys, values = k.repeat_interleave(groups, 1).float(), v.repeat_interleave(groups, 1).float()
+    rows = torch.arange(piece.row0, piece.row0 + c)[:, None] - torch.arange(piece.column0, piece.column0 + kv)
+    allowed = (rows >= piece.low) & (rows < piece.high)
+    if piece.mask is not None:
+        allowed = allowed & (piece.mask > torch.finfo(piece.mask.dtype).min / 2)
+    scores = (q.float() @ keys.transpose(-1, -2) * scale).masked_fill(~allowed, -math.inf)
+    lse = torch.logsumexp(scores, -1)
+    weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+    return (weights @ values).to(q.dtype), lse
+
+
+CUDA_TWINS = {"dense": dense_kernel, "flex": flex.flex_kernel()}
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(two_band, "near_block", lambda window: 3)
+    monkeypatch.setattr(two_band, "FAR_BLOCK", 7)
+    monkeypatch.setattr(single_band, "ROWS", 7)
+    monkeypatch.setattr(masked, "MASK_BUDGET", 2 * LENGTH * 6)
+    monkeypatch.setattr(flex, "BLOCK", 8)  # flex blocks smaller than the pieces: partly and fully allowed ones
+
+
+def module_of(name: str):
+    model = tiny_model("llama", {"rope_type": name, **PARAMS[name]}, num_hidden_layers=1)
+    return model.model.layers[0].self_attn
+
+
+def tensors(batch=2, q_len=LENGTH, kv=LENGTH, dtype=torch.float32, grad=False):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(batch, 4, q_len, 16, generator=g), *torch.randn(2, batch, 2, kv, 16, generator=g)
+    return tuple(t.to(dtype).requires_grad_(grad) for t in (q, k, v))
+
+
+def left_padding(length=LENGTH):
+    keep = torch.ones(2, length, dtype=torch.bool)
+    keep[1, :6] = False
+    mask = torch.ones(length, length, dtype=torch.bool).tril() & keep[:, None, :]
+    return mask[:, None], (keep.long().cumsum(-1) - 1).clamp(min=0)
+
+
+CASES = {
+    "prefill": lambda: (None, torch.arange(LENGTH)[None]),
+    "shifted": lambda: (None, torch.arange(7, 7 + LENGTH)[None]),
+    "left-padding": left_padding,
+}
+
+
+def outputs(module, case, kernel=None, dtype=torch.float32, grad=False, monkeypatch=None):
+    """{engine: (output, grads or None)} of one call: eager, sdpa on the CPU kernel, sdpa on ``kernel``."""
+    mask, pos = CASES[case]()
+    found = {}
+    for engine, implementation in (("reference", "eager"), ("cpu", "sdpa"), ("cuda-twin", "sdpa")):
+        if engine == "cuda-twin":
+            monkeypatch.setitem(kernels.KERNELS, "cpu", kernel)
+        q, k, v = tensors(dtype=dtype, grad=grad)
+        out = function.attend(implementation, module, q, k, v, mask, position_ids=pos)[0]
+        valid = torch.ones(2, LENGTH, dtype=torch.bool) if mask is None else mask[:, 0].any(-1)
+        grads = None
+        if grad:
+            weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+            (out * weights * valid[..., None, None]).sum().backward()
+            grads = (q.grad, k.grad, v.grad)
+        found[engine] = (out[valid].float(), grads)
+    monkeypatch.setitem(kernels.KERNELS, "cpu", kernels.cpu_flash)
+    return found
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("twin", sorted(CUDA_TWINS))
+@pytest.mark.parametrize("name", TYPES)
+def test_every_engine_agrees_in_float32(name, twin, case, monkeypatch):
+    found = outputs(module_of(name), case, CUDA_TWINS[twin], monkeypatch=monkeypatch)
+    for engine in ("cpu", "cuda-twin"):
+        torch.testing.assert_close(found[engine][0], found["reference"][0], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_every_engine_agrees_in_bfloat16(name, monkeypatch):
+    """Within two bf16 steps (2 * 2^-8) of the reference engine's largest output."""
+    found = outputs(module_of(name), "prefill", dense_kernel, dtype=torch.bfloat16, monkeypatch=monkeypatch)
+    reference = found["reference"][0]
+    for engine in ("cpu", "cuda-twin"):
+        error = (found[engine][0] - reference).abs().max() / reference.abs().max()
+        assert error <= 2 * 2**-8, f"{engine}: {error:.2e}"
+
+
+@pytest.mark.parametrize("case", ["shifted", "left-padding"])
+@pytest.mark.parametrize("name", TYPES)
+def test_every_engine_has_the_reference_gradients(name, case, monkeypatch):
+    found = outputs(module_of(name).train(), case, dense_kernel, grad=True, monkeypatch=monkeypatch)
+    for engine in ("cpu", "cuda-twin"):
+        for grad, expected in zip(found[engine][1], found["reference"][1], strict=True):
+            torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_cuda_twin_decode_steps_equal_the_reference(name, monkeypatch):
+    """Decode steps on a growing cache (rows remembered between steps) with the CUDA path's kernel."""
+    module = module_of(name)
+    q, k, v = tensors(q_len=3, kv=LENGTH + 3)
+    for step in range(3):
+        kv = LENGTH + step + 1
+        args = (q[:, :, step : step + 1], k[:, :, :kv].clone(), v[:, :, :kv].clone(), None)
+        pos = torch.tensor([[kv - 1]])
+        expected = function.attend("eager", module, *args, position_ids=pos)[0]
+        monkeypatch.setitem(kernels.KERNELS, "cpu", dense_kernel)
+        got = function.attend("sdpa", module, *args, position_ids=pos)[0]
+        monkeypatch.setitem(kernels.KERNELS, "cpu", kernels.cpu_flash)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    rotated_cache.forget(module)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an operation returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_cuda_path_never_builds_a_query_by_key_tensor(name, monkeypatch):
+    """Prefill of 512 tokens on the CUDA path's CPU twin: no tensor (scores, masks, anything) as large as a
+    quarter of the B x H x q x kv score matrix; the reference engine builds one, as a check of the measure."""
+    monkeypatch.setattr(two_band, "near_block", lambda window: 16)
+    monkeypatch.setattr(two_band, "FAR_BLOCK", 64)
+    monkeypatch.setattr(single_band, "ROWS", 64)
+    module, length = module_of(name), 512
+    q, k, v = tensors(batch=1, q_len=length, kv=length)
+    pos, scores = torch.arange(length)[None], 4 * length * length
+    found = {}
+    for implementation in ("sdpa", "eager"):
+        monkeypatch.setitem(kernels.KERNELS, "cpu", dense_kernel)
+        with LargestTensor() as mode:
+            function.attend(implementation, module, q, k, v, None, position_ids=pos)
+        found[implementation] = mode.largest
+    assert found["sdpa"] < scores // 4 <= found["eager"], found
+
+
+PIECES = [  # (piece, rows, columns)
+    (Piece(), 20, 30),
+    (Piece(low=0), 20, 20),  # causal square
+    (Piece(row0=13, column0=9, low=0, high=5), 20, 24),  # a near-band window
+    (Piece(row0=30, low=5), 20, 45),  # shifted causal: keys n <= m - 5
+    (Piece(row0=3, low=0, high=2), 12, 40),  # most columns outside every row's range
+]
+
+
+@pytest.mark.parametrize("gqa", [1, 2])
+@pytest.mark.parametrize("index", range(len(PIECES)))
+def test_flex_block_masks_equal_the_dense_meaning(index, gqa):
+    piece, rows, columns = PIECES[index]
+    g = torch.Generator().manual_seed(index)
+    q, k, v = torch.randn(2, 4, rows, 16, generator=g), *torch.randn(2, 2, 4 // gqa, columns, 16, generator=g)
+    for got, expected in zip(flex.flex_kernel()(q, k, v, piece, 0.3), dense_kernel(q, k, v, piece, 0.3), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_flex_with_a_given_mask_and_rows_that_see_nothing():
+    g = torch.Generator().manual_seed(7)
+    allowed = torch.rand(2, 1, 20, 30, generator=g) > 0.5
+    allowed[0, 0, 3] = False
+    mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    q, k, v = torch.randn(2, 4, 20, 16, generator=g), *torch.randn(2, 2, 2, 30, 16, generator=g)
+    (out, lse), (out_d, lse_d) = (kernel(q, k, v, Piece(mask=mask), 0.3) for kernel in CUDA_TWINS.values())
+    torch.testing.assert_close(out, out_d, rtol=0, atol=1e-5)
+    assert torch.equal(lse.isinf(), lse_d.isinf()) and bool(lse[0, :, 3].isneginf().all())
+    torch.testing.assert_close(lse[lse_d.isfinite()], lse_d[lse_d.isfinite()], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("index", range(len(PIECES)))
+def test_flex_block_lists_are_the_blocks_of_the_dense_mask(index):
+    """Uncompiled flex_attention applies the mask function everywhere and ignores the block lists, which the
+    compiled CUDA kernel relies on: each block is listed fully allowed exactly when all its (row, column) pairs
+    are allowed, partly when some but not all are, not at all when none is (blocks of 8 over ragged edges)."""
+    piece, rows, columns = PIECES[index]
+    d = torch.arange(piece.row0, piece.row0 + rows)[:, None] - torch.arange(piece.column0, piece.column0 + columns)
+    allowed = (d >= piece.low) & (d < piece.high)
+    partly, fully = flex.range_blocks(piece, rows, columns, "cpu")
+    for i in range(partly.shape[0]):
+        for j in range(partly.shape[1]):
+            block = allowed[8 * i : 8 * i + 8, 8 * j : 8 * j + 8]
+            assert bool(fully[i, j]) == bool(block.all()), (i, j)
+            assert bool(partly[i, j]) == (bool(block.any()) and not bool(block.all())), (i, j)
+
+
+def test_block_lists_skip_blocks_outside_the_range():
+    """A window piece over 64 x 64 with blocks of 8: each row block lists at most 2 key blocks."""
+    partly, fully = flex.range_blocks(Piece(low=0, high=8), 64, 64, "cpu")
+    assert int((partly | fully).sum(-1).max()) <= 2

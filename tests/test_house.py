@@ -1,0 +1,46 @@
+"""The house rules, read from the source (``scripts/house.py``): no import cycles (imports inside functions and
+through package ``__init__`` files count), no module over 300 lines, transformers' internals reached only from the
+seams in ``hf_rope_ext/_transformers/``."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("house", ROOT / "scripts" / "house.py")
+house = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(house)
+
+
+def test_the_package_has_no_cycle_no_large_module_and_no_reach_past_the_seams():
+    found = house.report(ROOT)
+    assert found["cycles"] == [] and found["large"] == [] and found["reach"] == [], found
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / "hf_rope_ext" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_the_checks_find_what_they_look_for(tmp_path):
+    """A circle through a package __init__ and a function-level import, a patched transformers class, a long
+    module: each is reported."""
+    write(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a/__init__.py": "from . import x\n",
+            "a/x.py": "from ..b import y\n",
+            "b/__init__.py": "",
+            "b/y.py": "def f():\n    from ..a import x\n",
+            "patch.py": "from transformers import GenerationMixin\n\nGenerationMixin.generate = None\n",
+            "long.py": "x = 1\n" * 301,
+        },
+    )
+    found = house.report(tmp_path)
+    assert found["cycles"] == [["hf_rope_ext.a", "hf_rope_ext.a.x", "hf_rope_ext.b.y"]], found["cycles"]
+    assert found["large"] == [("hf_rope_ext.long", 301)]
+    assert found["reach"] == ["hf_rope_ext.patch:3 sets GenerationMixin.generate"]
