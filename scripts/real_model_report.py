@@ -14,6 +14,11 @@ bfloat16`` reproduces any row. Results go to ``--out``/results.json after every 
 already there) and ``report.md`` (the README table). The ``lora`` cell reads the adapter of ``--adapter`` (default:
 ``examples/smollm2-yarn4-pose-lora``, trained by ``finetune`` with yarn x4 and PoSE) merged into its base, with the
 base model's sliding-window baseline.
+
+Three keys per prompt test two things at once: finding a key far back and telling planted keys apart by the object
+they name. A method that gives every distant token the same position (ReRoPE beyond its window) or a coarse one
+(Self-Extend's groups) keeps the first and loses the second, so the ``:1key`` cells (``--cells rerope:2:1key``) ask
+the classic question, one key per prompt and one forward per probe, at s x L0 only.
 """
 
 from __future__ import annotations
@@ -24,10 +29,13 @@ import resource
 import time
 from pathlib import Path
 
+import torch
+
 from hf_rope_ext import extend, smollm2
 from hf_rope_ext.eval import loading
 from hf_rope_ext.eval.data import load_token_documents, long_enough
-from hf_rope_ext.eval.runner import EvalPlan
+from hf_rope_ext.eval.multikey import multikey_accuracy
+from hf_rope_ext.eval.runner import EvalPlan, label
 
 # (method, factor, prompts of 3 keys): the PoSE pair and the headline cells first, so that a stopped run has them
 CELLS = [
@@ -38,12 +46,16 @@ CELLS = [
     *[(m, 2, 2) for m in ("leaky_rerope", "dynamic_yarn", "ntk_by_parts", "ntk", "part_ntk", "dynamic", "linear")],
     *[(m, 4, 1) for m in ("ntk", "part_ntk", "dynamic", "linear")],
 ]
+# single-key cells "method:factor:1key" (method, factor, prompts of 1 key): the classic probe, one forward each, at
+# s x L0 only; they separate finding a key from telling three planted keys apart (module docstring)
+SINGLE = [(m, 2, 10) for m in ("rerope", "self_extend", "yarn", "none")] + [(m, 4, 5) for m in ("self_extend", "yarn")]
 ADAPTER = Path(__file__).resolve().parent.parent / "examples" / "smollm2-yarn4-pose-lora"
 FAR_STRIDE = 1024
 COMMAND = (
     "hf-rope-ext extend --model {model} --methods {method} --factors {factor} --documents 1 --last-chunk 0 "
     "--passkey-depths 0 --passkey-prompts {prompts} --far-stride 1024 --data python-docs --dtype bfloat16"
 )
+SINGLE_COMMAND = "python scripts/real_model_report.py --cells {method}:{factor}:1key  # {prompts} prompts"
 
 
 def plan(prompts: int) -> EvalPlan:
@@ -78,6 +90,19 @@ def merged(adapter: Path, base: Path, out: Path) -> Path:
     return target
 
 
+def run_single_key_cell(folder, config, tokenizer, cell) -> list[dict]:
+    """Pass keys by generation with one key per prompt, at factor x L0 tokens only (no perplexity, no 8k run)."""
+    method, factor, prompts = cell
+    rope_type = None if method == "none" else method
+    params = extend.run_parameters(config, rope_type, float(factor), 8192)
+    start = time.perf_counter()
+    model = loading.load_model(folder, params, dtype=torch.bfloat16)
+    found = multikey_accuracy(model, tokenizer, factor * 8192, prompts, keys=1)
+    record = {"rope_type": label(rope_type), "length": factor * 8192, "rope_parameters": params, **found}
+    extra = {"cell_seconds": round(time.perf_counter() - start), "keys_per_prompt": 1, "cell_factor": factor}
+    return [{**record, **extra, "command": SINGLE_COMMAND.format(method=method, factor=factor, prompts=prompts)}]
+
+
 def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Path, out: Path) -> list[dict]:
     method, factor, prompts = cell
     far = baseline(folder, config, documents, factor, done)
@@ -99,33 +124,52 @@ def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Pa
 
 
 def table(done: dict) -> str:
-    """Rows: method; columns: pass keys at 8k/16k/32k, far-context ratio at 16k/32k, the cells' seconds."""
-    rows = [r for key, value in done.items() if not key.startswith("baseline:") for r in value]
+    """Rows: method; columns: pass keys at 8k (per factor)/16k/32k, far-context ratio and perplexity at 16k/32k."""
+    rows = [r for key, value in done.items() if not key.startswith("baseline:") and ":1key" not in key for r in value]
     methods = list(dict.fromkeys(r["rope_type"] for r in rows))
     lines = [
-        "| method | pass keys 8k | 16k (2x) | 32k (4x) | far ratio 16k | far ratio 32k | ppl 16k | ppl 32k |",
+        "| method | pass keys 8k (factor) | 16k (2x) | 32k (4x) | far ratio 16k | far ratio 32k | ppl 16k | ppl 32k |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for method in methods:
         mine = [r for r in rows if r["rope_type"] == method]
         lines.append(f"| {method} | " + " | ".join(cells_of(mine)) + " |")
+    return "\n".join(lines) + single_key_table(done)
+
+
+def single_key_table(done: dict) -> str:
+    """Rows: method; columns: pass keys found with one key per prompt at 16k and 32k."""
+    rows = [r for key, value in done.items() if key.endswith(":1key") for r in value]
+    if not rows:
+        return ""
+    lines = ["", "", "| method | one key per prompt: 16k (2x) | 32k (4x) |", "|---|---:|---:|"]
+    for method in dict.fromkeys(r["rope_type"] for r in rows):
+        mine = [r for r in rows if r["rope_type"] == method]
+        lines.append(f"| {method} | {cells_of_length(mine, 16384)} | {cells_of_length(mine, 32768)} |")
     return "\n".join(lines)
+
+
+def cells_of_length(records: list[dict], length: int) -> str:
+    """Pass keys found at ``length``, pooled over the records that measured it: "hits/probes"."""
+    found = [r for r in records if r["length"] == length and "multikey_accuracy" in r]
+    hits = sum(r["multikey_accuracy"] * r["multikey_probes"] for r in found)
+    return f"{hits:.0f}/{sum(r['multikey_probes'] for r in found)}" if found else "-"
 
 
 def cells_of(records: list[dict]) -> list[str]:
     def at(length, value, fmt):
         found = [r for r in records if r["length"] == length and value in r]
-        if not found:
-            return "-"
-        if value == "multikey_accuracy":  # pooled over the runs that measured this length
-            hits = sum(r[value] * r["multikey_probes"] for r in found)
-            probes = sum(r["multikey_probes"] for r in found)
-            return f"{hits:.0f}/{probes}"
-        return format(found[0][value], fmt)
+        if value == "multikey_accuracy":
+            return cells_of_length(records, length)
+        return format(found[0][value], fmt) if found else "-"
 
-    keys = [at(n, "multikey_accuracy", "") for n in (8192, 16384, 32768)]
+    def at_8k():  # one entry per cell: the method with factor 2 and with factor 4 are different models at 8k
+        factors = sorted({r["cell_factor"] for r in records if r["length"] == 8192})
+        mine = [(f, [r for r in records if r.get("cell_factor") == f]) for f in factors]
+        return " · ".join(f"{cells_of_length(rs, 8192)} (x{f})" for f, rs in mine) or "-"
+
     return (
-        keys
+        [at_8k(), at(16384, "multikey_accuracy", ""), at(32768, "multikey_accuracy", "")]
         + [at(n, "far_context_ratio", ".3f") for n in (16384, 32768)]
         + [at(n, "perplexity", ".2f") for n in (16384, 32768)]
     )
@@ -141,18 +185,22 @@ def main() -> None:
     folder = Path(args.model) if args.model else smollm2.ensure()
     config, tokenizer = loading.load_config(folder), loading.load_tokenizer(folder)
     documents = long_enough(load_token_documents(tokenizer, "python-docs"), 4 * 8192, 1)
-    named = {f"{c[0]}:{c[1]}": c for c in CELLS}
+    named = {f"{c[0]}:{c[1]}": c for c in CELLS} | {f"{c[0]}:{c[1]}:1key": c for c in SINGLE}
     unknown = sorted(set(args.cells or ()) - set(named))
     if unknown:
         parser.error(f"--cells {unknown}: allowed {sorted(named)}")
-    wanted = CELLS if args.cells is None else [named[c] for c in args.cells]  # in the order given
+    wanted = list(named) if args.cells is None else args.cells  # in the order given
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.json"
     done = json.loads(results.read_text()) if results.is_file() else {}
-    for cell in wanted:
-        key = f"{cell[0]}:{cell[1]}"
+    for key in wanted:
         if key not in done:
-            done[key] = run_cell(folder, config, tokenizer, documents, cell, done, args.adapter, args.out)
+            cell = named[key]
+            done[key] = (
+                run_single_key_cell(folder, config, tokenizer, cell)
+                if key.endswith(":1key")
+                else run_cell(folder, config, tokenizer, documents, cell, done, args.adapter, args.out)
+            )
             results.write_text(json.dumps(done, indent=1) + "\n")
             print(f"{key}: {done[key][-1]['cell_seconds']} s", flush=True)
         (args.out / "report.md").write_text(table(done) + "\n")
