@@ -158,9 +158,9 @@ def cells_of_length(records: list[dict], length: int) -> str:
 
 def cells_of(records: list[dict]) -> list[str]:
     def at(length, value, fmt):
-        found = [r for r in records if r["length"] == length and value in r]
         if value == "multikey_accuracy":
             return cells_of_length(records, length)
+        found = [r for r in records if r["length"] == length and value in r]
         return format(found[0][value], fmt) if found else "-"
 
     def at_8k():  # one entry per cell: the method with factor 2 and with factor 4 are different models at 8k
