@@ -59,11 +59,10 @@ def ask(model, tokenizer, cache, keyword: str, name: str, answer_tokens: int = A
     device = next(model.parameters()).device
     question = tokenizer(QUESTION.format(name=name), add_special_tokens=False)["input_ids"]
     logits = model(torch.tensor([question], device=device), logits_to_keep=1, **{keyword: cache}).logits
-    out = []
-    for _ in range(answer_tokens):
-        token = logits[:, -1:].argmax(-1)  # (1, 1)
-        out.append(int(token))
-        logits = model(token, logits_to_keep=1, **{keyword: cache}).logits
+    out = [int(logits[0, -1].argmax())]
+    while len(out) < answer_tokens:  # the last token needs no forward of its own
+        token = torch.tensor([out[-1:]], device=device)  # (1, 1)
+        out.append(int(model(token, logits_to_keep=1, **{keyword: cache}).logits[0, -1].argmax()))
     return tokenizer.decode(out)
 
 
