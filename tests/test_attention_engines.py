@@ -1,17 +1,17 @@
 """Every method on every engine: the reference engine (eager), the fast engine with the CPU kernel, and the fast
 engine as it runs on CUDA, here on CPU with the CUDA kernel swapped for CPU functions of the same signature and
-meaning: ``dense_kernel`` below (written here, independent of the package: explicit scores per piece, autograd)
-and the CUDA kernel's own code, ``flex.flex_kernel`` with flex_attention uncompiled (forward only on CPU).
+meaning (``cuda_twins``: a dense one, and one that reads the block lists as compiled flex_attention does), and for
+the CUDA kernel's own code run uncompiled (flex_attention on CPU: forward only, every pair through ``mask_mod``).
 Only the kernel differs between devices (``kernels.KERNELS``), so the planning and merging are the CUDA path's.
+``scripts/mutate_cuda_path.py`` breaks the CUDA path's block lists on purpose and shows these tests fail.
 """
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from conftest import ENGINE_PARAMS, tiny_model
+from cuda_twins import block_list_kernel, dense_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_rope_ext.attention import function
@@ -25,23 +25,8 @@ TYPES = sorted(PARAMS)
 LENGTH = 40
 
 
-def dense_kernel(q, k, v, piece: Piece, scale: float):
-    """The kernel's meaning, written out: (out, lse) of softmax over the keys the piece allows; 0 and -inf for a
-    row that sees none."""
-    c, kv = q.shape[2], k.shape[2]
-    groups = q.shape[1] // k.shape[1]
-    keys, values = k.repeat_interleave(groups, 1).float(), v.repeat_interleave(groups, 1).float()
-    rows = torch.arange(piece.row0, piece.row0 + c)[:, None] - torch.arange(piece.column0, piece.column0 + kv)
-    allowed = (rows >= piece.low) & (rows < piece.high)
-    if piece.mask is not None:
-        allowed = allowed & (piece.mask > torch.finfo(piece.mask.dtype).min / 2)
-    scores = (q.float() @ keys.transpose(-1, -2) * scale).masked_fill(~allowed, -math.inf)
-    lse = torch.logsumexp(scores, -1)
-    weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
-    return (weights @ values).to(q.dtype), lse
-
-
-CUDA_TWINS = {"dense": dense_kernel, "flex": flex.flex_kernel()}
+CUDA_TWINS = {"dense": dense_kernel, "blocks": block_list_kernel, "flex": flex.flex_kernel()}
+DIFFERENTIABLE_TWINS = ("dense", "blocks")  # uncompiled flex has no backward on CPU
 
 
 @pytest.fixture(autouse=True)
@@ -107,27 +92,30 @@ def test_every_engine_agrees_in_float32(name, twin, case, monkeypatch):
         torch.testing.assert_close(found[engine][0], found["reference"][0], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("twin", DIFFERENTIABLE_TWINS)
 @pytest.mark.parametrize("name", TYPES)
-def test_every_engine_agrees_in_bfloat16(name, monkeypatch):
+def test_every_engine_agrees_in_bfloat16(name, twin, monkeypatch):
     """Within two bf16 steps (2 * 2^-8) of the reference engine's largest output."""
-    found = outputs(module_of(name), "prefill", dense_kernel, dtype=torch.bfloat16, monkeypatch=monkeypatch)
+    found = outputs(module_of(name), "prefill", CUDA_TWINS[twin], dtype=torch.bfloat16, monkeypatch=monkeypatch)
     reference = found["reference"][0]
     for engine in ("cpu", "cuda-twin"):
         error = (found[engine][0] - reference).abs().max() / reference.abs().max()
         assert error <= 2 * 2**-8, f"{engine}: {error:.2e}"
 
 
+@pytest.mark.parametrize("twin", DIFFERENTIABLE_TWINS)
 @pytest.mark.parametrize("case", ["shifted", "left-padding"])
 @pytest.mark.parametrize("name", TYPES)
-def test_every_engine_has_the_reference_gradients(name, case, monkeypatch):
-    found = outputs(module_of(name).train(), case, dense_kernel, grad=True, monkeypatch=monkeypatch)
+def test_every_engine_has_the_reference_gradients(name, case, twin, monkeypatch):
+    found = outputs(module_of(name).train(), case, CUDA_TWINS[twin], grad=True, monkeypatch=monkeypatch)
     for engine in ("cpu", "cuda-twin"):
         for grad, expected in zip(found[engine][1], found["reference"][1], strict=True):
             torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("twin", DIFFERENTIABLE_TWINS)
 @pytest.mark.parametrize("name", TYPES)
-def test_cuda_twin_decode_steps_equal_the_reference(name, monkeypatch):
+def test_cuda_twin_decode_steps_equal_the_reference(name, twin, monkeypatch):
     """Decode steps on a growing cache (rows remembered between steps) with the CUDA path's kernel."""
     module = module_of(name)
     q, k, v = tensors(q_len=3, kv=LENGTH + 3)
@@ -136,7 +124,7 @@ def test_cuda_twin_decode_steps_equal_the_reference(name, monkeypatch):
         args = (q[:, :, step : step + 1], k[:, :, :kv].clone(), v[:, :, :kv].clone(), None)
         pos = torch.tensor([[kv - 1]])
         expected = function.attend("eager", module, *args, position_ids=pos)[0]
-        monkeypatch.setitem(kernels.KERNELS, "cpu", dense_kernel)
+        monkeypatch.setitem(kernels.KERNELS, "cpu", CUDA_TWINS[twin])
         got = function.attend("sdpa", module, *args, position_ids=pos)[0]
         monkeypatch.setitem(kernels.KERNELS, "cpu", kernels.cpu_flash)
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
@@ -183,26 +171,30 @@ PIECES = [  # (piece, rows, columns)
     (Piece(row0=13, column0=9, low=0, high=5), 20, 24),  # a near-band window
     (Piece(row0=30, low=5), 20, 45),  # shifted causal: keys n <= m - 5
     (Piece(row0=3, low=0, high=2), 12, 40),  # most columns outside every row's range
+    (Piece(row0=7, low=0, high=14), 16, 16),  # a block whose distances run from low to high exactly (0..14)
 ]
 
 
+@pytest.mark.parametrize("twin", ["flex", "blocks"])
 @pytest.mark.parametrize("gqa", [1, 2])
 @pytest.mark.parametrize("index", range(len(PIECES)))
-def test_flex_block_masks_equal_the_dense_meaning(index, gqa):
+def test_flex_block_masks_equal_the_dense_meaning(index, gqa, twin):
     piece, rows, columns = PIECES[index]
     g = torch.Generator().manual_seed(index)
     q, k, v = torch.randn(2, 4, rows, 16, generator=g), *torch.randn(2, 2, 4 // gqa, columns, 16, generator=g)
-    for got, expected in zip(flex.flex_kernel()(q, k, v, piece, 0.3), dense_kernel(q, k, v, piece, 0.3), strict=True):
+    found = CUDA_TWINS[twin](q, k, v, piece, 0.3)
+    for got, expected in zip(found, dense_kernel(q, k, v, piece, 0.3), strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
-def test_flex_with_a_given_mask_and_rows_that_see_nothing():
+@pytest.mark.parametrize("twin", ["flex", "blocks"])
+def test_flex_with_a_given_mask_and_rows_that_see_nothing(twin):
     g = torch.Generator().manual_seed(7)
     allowed = torch.rand(2, 1, 20, 30, generator=g) > 0.5
     allowed[0, 0, 3] = False
     mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
     q, k, v = torch.randn(2, 4, 20, 16, generator=g), *torch.randn(2, 2, 2, 30, 16, generator=g)
-    (out, lse), (out_d, lse_d) = (kernel(q, k, v, Piece(mask=mask), 0.3) for kernel in CUDA_TWINS.values())
+    (out, lse), (out_d, lse_d) = (kernel(q, k, v, Piece(mask=mask), 0.3) for kernel in (CUDA_TWINS[twin], dense_kernel))
     torch.testing.assert_close(out, out_d, rtol=0, atol=1e-5)
     assert torch.equal(lse.isinf(), lse_d.isinf()) and bool(lse[0, :, 3].isneginf().all())
     torch.testing.assert_close(lse[lse_d.isfinite()], lse_d[lse_d.isfinite()], rtol=0, atol=1e-5)

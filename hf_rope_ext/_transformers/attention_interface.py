@@ -1,10 +1,11 @@
 """Seam: transformers' ``AttentionInterface``. Installs, under every implementation registered at the first install:
 
-- ``"eager"`` and ``"sdpa"``: a function that sends a module whose rope request names one of the package's types
-  that rotate inside attention (``attention.layer.resolve``) to ``attention.function.attend_layer``, and any other
-  module, with the same arguments, to the stock function (transformers' own sdpa function, or for ``"eager"`` the
+- ``"eager"``, ``"sdpa"``, ``"flex_attention"`` and the flash-attention ones (``function.IMPLEMENTATIONS``, those
+  transformers has): a function that sends a module whose rope request names one of the package's types that
+  rotate inside attention (``attention.layer.resolve``) to ``attention.function.attend_layer``, and any other
+  module, with the same arguments, to the stock function (transformers' own, or for ``"eager"`` the
   ``eager_attention_forward`` of the module's own modeling file: each family has its own);
-- every other implementation (flash-attention, flex, paged): a wrapper raising a clear error for those types,
+- every other implementation (paged, a kernel from the Hub): a wrapper raising a clear error for those types,
   instead of running without their score modification; other modules pass straight through.
 Each function keeps the one it wraps as ``hf_rope_ext_stock``; :func:`uninstall` registers those back.
 """
@@ -62,7 +63,7 @@ def _refusing_attention(implementation: str, stock):
 def install() -> None:
     """Register the attention functions (idempotent: functions already ours are left as they are)."""
     mapping = AttentionInterface._global_mapping
-    _WRAPPED.update(_WRAPPED or set(mapping) | set(IMPLEMENTATIONS))
+    _WRAPPED.update(_WRAPPED or set(mapping) | {"eager"})  # flash_attention_4 & co. only where transformers has them
     for implementation in sorted(_WRAPPED):
         current = mapping.get(implementation)
         if current is not None and hasattr(current, "hf_rope_ext_stock"):

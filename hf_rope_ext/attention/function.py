@@ -1,9 +1,11 @@
 """The attention function of the package's types: checks, positions, then the fast or the reference engine.
 
 ``attend`` is what transformers calls (through the functions ``_transformers.attention_interface`` registers
-under ``"eager"`` and ``"sdpa"``) for a module whose config names one of these types. Queries and keys arrive
+under each of ``IMPLEMENTATIONS``) for a module whose config names one of these types. Queries and keys arrive
 unrotated (the rotary module got zero frequencies) and the KV cache holds unrotated keys, so each call rotates
-with exact positions: ``"sdpa"`` runs the fast engine where it applies, ``"eager"`` the reference engine.
+with exact positions: ``"eager"`` runs the reference engine; ``"sdpa"``, flash-attention and flex run the fast
+engine where it applies (on CUDA its kernel is compiled flex_attention, see ``engine.kernels``), their masks first
+read into the engines' form (``mask_formats``).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from ..models import unsupported_reason
 from .engine import fast, reference, rotated_cache
 from .engine.call import Call, crop_empty_slots, key_positions, query_positions
 from .layer import Layer, resolve
+from .mask_formats import FLASH, FLEX, engine_mask
 
-IMPLEMENTATIONS = ("eager", "sdpa")  # the attention implementations that run these types
+IMPLEMENTATIONS = ("eager", "sdpa", FLEX, *FLASH)  # the attention implementations that run these types
 
 
 def check_module(module, name: str, implementation: str) -> registry.RopeMethod:
@@ -27,8 +30,8 @@ def check_module(module, name: str, implementation: str) -> registry.RopeMethod:
         )
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
-            f"attn_implementation={implementation!r} cannot apply rope_type={name!r} (it takes no score "
-            f"modification); use one of {sorted(IMPLEMENTATIONS)}"
+            f"attn_implementation={implementation!r} cannot apply rope_type={name!r} (the engine does not run "
+            f"through it); use one of {sorted(IMPLEMENTATIONS)}"
         )
     return method
 
@@ -86,6 +89,7 @@ def attend_layer(
     """``attend`` for a module already resolved to ``layer``."""
     check_module(module, layer.name, implementation)
     softcap = refuse_extras(module, layer.name, implementation, kwargs)
+    attention_mask = engine_mask(implementation, attention_mask, query.shape[2], key.shape[2], kwargs, query.device)
     memory = rotated_cache.kept_by_cache(key) or rotated_cache.beside(module)  # before cropping: the layer's keys
     key, value, attention_mask = crop_empty_slots(query, key, value, attention_mask)
     check_window_mask(module, layer.name, attention_mask, key, kwargs.get("sliding_window"))
@@ -93,7 +97,7 @@ def attend_layer(
     causal = kwargs.get("is_causal") if kwargs.get("is_causal") is not None else getattr(module, "is_causal", True)
     scale = (scaling if scaling is not None else query.shape[-1] ** -0.5) * call.score_scale
     out = None
-    if implementation == "sdpa":
+    if implementation != "eager":
         out = fast.run(call, module, attention_mask, causal, scale, dropout, module.training)
     if out is None:
         out = reference.run(call, attention_mask, causal, scale, dropout, module.training, softcap)

@@ -1,0 +1,105 @@
+"""The masks flash-attention and flex hand to an attention function, in the form the engines take.
+
+The engines take what transformers gives sdpa and eager: None (causal, the queries being the newest keys) or a
+[B or 1, 1, q, kv] mask (bool, True = attend, or additive). The other implementations hand over their own:
+- ``flash_attention_2/3/4``: None (causal), or a 2D [B, kv'] padding mask (True or 1 = a real token), kv' <= kv
+  (a static cache's unfilled end is left out); a sliding layer's window comes as the ``sliding_window`` keyword, and
+  packed sequences (batch 1, no mask) as position_ids that restart at 0, each restart opening a new document (the
+  rule flash-attention's varlen path follows);
+- ``flex_attention``: a ``BlockMask`` (block lists and a ``mask_mod``), an additive tensor mask, or None. The
+  engine is given what compiled flex would attend: a fully listed block whole, a partly listed one where its
+  ``mask_mod`` allows, an unlisted one not at all.
+A mask that comes out causal with nothing else is handed on as None, so the engines take their unmasked plans.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
+FLEX = "flex_attention"
+
+
+def causal_distance(q_len: int, kv_len: int, device) -> torch.Tensor:
+    """[q, kv] int64: key index of the query (queries are the newest keys) minus the key's index."""
+    rows = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    return rows - torch.arange(kv_len, device=device)[None, :]
+
+
+def packed_documents(position_ids: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Tensor | None:
+    """[1, q] document index of each token of one packed row (positions restarting at 0), else None."""
+    if position_ids is None or position_ids.shape[0] != 1 or q_len != kv_len or q_len < 2:
+        return None
+    if bool((position_ids[:, 1:] >= position_ids[:, :-1]).all()):
+        return None
+    return (position_ids == 0).long().cumsum(-1)
+
+
+def flash_allowed(mask, q_len: int, kv_len: int, window: int | None, position_ids, device) -> torch.Tensor | None:
+    """flash's inputs -> None (plain causal) or [B or 1, 1, q, kv] bool: causal, its padding, window, documents."""
+    documents = packed_documents(position_ids, q_len, kv_len) if mask is None else None
+    windowed = window is not None and kv_len > window
+    if mask is None and documents is None and not windowed:
+        return None
+    distance = causal_distance(q_len, kv_len, device)
+    allowed = (distance >= 0) & (distance < window) if windowed else distance >= 0
+    allowed = allowed[None, None]
+    if mask is not None:
+        if mask.ndim != 2 or mask.shape[-1] > kv_len:
+            raise ValueError(f"a flash-attention mask of shape {tuple(mask.shape)} does not fit {kv_len} keys")
+        keep = F.pad(mask.bool(), (0, kv_len - mask.shape[-1]))  # [B, kv]: unfilled static slots are not kept
+        allowed = allowed & keep[:, None, None, :]
+    if documents is not None:
+        allowed = allowed & (documents[:, None, :, None] == documents[:, None, None, :])
+    return allowed
+
+
+def listed(counts: torch.Tensor, indices: torch.Tensor, columns: int) -> torch.Tensor:
+    """Block lists (counts [B, H, nq], indices [B, H, nq, n]) -> [B, H, nq, columns] bool of the listed blocks."""
+    counted = torch.arange(indices.shape[-1], device=indices.device) < counts[..., None]
+    hits = torch.zeros(*indices.shape[:-1], columns, dtype=torch.int32, device=indices.device)
+    return hits.scatter_add_(-1, indices.long(), counted.int()) > 0
+
+
+def block_mask_allowed(block_mask) -> torch.Tensor:
+    """[B, 1, q, kv] bool of what compiled flex attends under ``block_mask`` (one mask for every head)."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    rows, columns = block_mask.seq_lengths
+    if block_mask.kv_num_blocks.shape[1] != 1:
+        raise ValueError(
+            f"a flex BlockMask with {block_mask.kv_num_blocks.shape[1]} head masks: the package's rope types take "
+            "one mask for every head (H=None, as transformers builds it)"
+        )
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    n_columns = -(-columns // kv_block)
+    row_block = torch.arange(rows, device=block_mask.kv_indices.device) // q_block
+    column_block = torch.arange(columns, device=block_mask.kv_indices.device) // kv_block
+
+    def spread(blocks: torch.Tensor) -> torch.Tensor:  # [B, 1, nq, nk] -> [B, 1, q, kv]
+        return blocks[:, :, row_block][:, :, :, column_block]
+
+    partly = spread(listed(block_mask.kv_num_blocks, block_mask.kv_indices, n_columns))
+    modded = create_mask(block_mask.mask_mod, partly.shape[0], 1, rows, columns, device=partly.device)
+    allowed = partly & modded
+    if block_mask.full_kv_num_blocks is not None:
+        allowed |= spread(listed(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, n_columns))
+    return allowed
+
+
+def only_causal(allowed: torch.Tensor) -> bool:
+    """Whether a [B, 1, q, kv] bool mask is exactly causal with the queries the newest keys."""
+    q_len, kv_len = allowed.shape[-2:]
+    return bool((allowed == (causal_distance(q_len, kv_len, allowed.device) >= 0)).all())
+
+
+def engine_mask(implementation: str, mask, q_len: int, kv_len: int, kwargs: dict, device):
+    """The mask ``implementation`` handed over, as the engines take it (see the module docstring)."""
+    if implementation in FLASH:
+        allowed = flash_allowed(mask, q_len, kv_len, kwargs.get("sliding_window"), kwargs.get("position_ids"), device)
+    elif implementation == FLEX and mask is not None and not isinstance(mask, torch.Tensor):
+        allowed = block_mask_allowed(mask)
+    else:
+        return mask
+    return None if allowed is None or only_causal(allowed) else allowed

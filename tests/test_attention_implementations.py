@@ -1,0 +1,180 @@
+"""The package's attention-level types under ``attn_implementation="flex_attention"`` and flash-attention.
+
+transformers hands those implementations masks of their own (flex: a ``BlockMask``; flash: None or a 2D padding
+mask, packed sequences as restarting position_ids, a sliding window as a keyword); the package reads them
+(``attention.mask_formats``) and runs the fast engine, whose CUDA kernel is compiled flex_attention. Here flex
+loads and runs on CPU (transformers compiles its block masks); flash cannot be loaded without flash_attn and CUDA,
+so the tests set it on a loaded model, as ``set_attn_implementation`` would. Both run with the CUDA kernel swapped
+for the block-list twin (``cuda_twins``), with blocks of 8 so that pieces have partly and fully listed blocks.
+The reference is the same model under ``"eager"`` (the reference engine, given transformers' eager masks).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ENGINE_PARAMS, tiny_model
+from cuda_twins import block_list_kernel
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+
+from hf_rope_ext.attention import mask_formats
+from hf_rope_ext.attention.engine import flex, kernels
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+PARAMS = {**ENGINE_PARAMS, "dynamic_yarn": {"original_max_position_embeddings": 16}}
+TYPES = sorted(PARAMS)
+IMPLEMENTATIONS = ["flex_attention", "flash_attention_2"]
+LENGTH = 40
+
+
+@pytest.fixture
+def cuda_twin(monkeypatch):
+    monkeypatch.setitem(kernels.KERNELS, "cpu", block_list_kernel)
+    monkeypatch.setattr(flex, "BLOCK", 8)
+
+
+def model_of(name: str, family: str = "llama", **overrides):
+    return tiny_model(family, {"rope_type": name, **PARAMS[name]}, **overrides)
+
+
+def run(model, implementation: str, ids, **inputs):
+    model.config._attn_implementation = implementation
+    try:
+        with torch.no_grad():
+            return model(ids, **inputs).logits
+    finally:
+        model.config._attn_implementation = "eager"
+
+
+def batch(padded: bool):
+    ids = torch.randint(3, 97, (2, LENGTH), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :6] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["causal", "left-padding"])
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", TYPES)
+def test_prefill_equals_eager(name, implementation, padded, cuda_twin):
+    model = model_of(name)
+    ids, mask = batch(padded)
+    expected, got = (run(model, i, ids, attention_mask=mask) for i in ("eager", implementation))
+    torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", TYPES)
+def test_generate_with_a_cache_equals_eager(name, implementation, cuda_twin):
+    """Greedy decoding of a left-padded batch: every step's mask in the implementation's format, keys cached."""
+    model = model_of(name)
+    ids, mask = batch(padded=True)
+    found = {}
+    for chosen in ("eager", implementation):
+        model.config._attn_implementation = chosen
+        with torch.no_grad():
+            out = model.generate(
+                ids, attention_mask=mask, max_new_tokens=4, do_sample=False, output_scores=True,
+                return_dict_in_generate=True, pad_token_id=0,
+            )  # fmt: skip
+        found[chosen] = out
+    model.config._attn_implementation = "eager"
+    assert torch.equal(found[implementation].sequences, found["eager"].sequences)
+    for got, expected in zip(found[implementation].scores, found["eager"].scores, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_flash_packed_sequences_are_kept_apart(name, cuda_twin):
+    """One row holding three documents (position_ids restarting at 0, no mask), as transformers' eager reads it
+    (without a cache its mask keeps the documents apart); a type that does not follow the length reads each alone."""
+    model = model_of(name)
+    lengths = (10, 17, 13)
+    ids = torch.randint(3, 97, (1, sum(lengths)), generator=torch.Generator().manual_seed(1))
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    got = run(model, "flash_attention_2", ids, position_ids=positions, use_cache=False)
+    expected = run(model, "eager", ids, position_ids=positions, use_cache=False)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    if "dynamic" not in name:  # a dynamic type's frequencies follow the row's length
+        starts = torch.tensor((0, *lengths)).cumsum(0).tolist()
+        for a, b in zip(starts[:-1], starts[1:], strict=True):
+            torch.testing.assert_close(got[:, a:b], run(model, "eager", ids[:, a:b]), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", ["rerope", "xpos"])
+def test_sliding_window_family(name, implementation, cuda_twin):
+    """Mistral with a window of 12 over 40 tokens, padded: flash gets the window as a keyword, flex in its mask."""
+    model = model_of(name, "mistral", sliding_window=12)
+    ids, mask = batch(padded=True)
+    expected, got = (run(model, i, ids, attention_mask=mask) for i in ("eager", implementation))
+    torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], rtol=0, atol=1e-5)
+
+
+# the mask formats, against masks written out here
+
+
+def causal_and_kept(keep: torch.Tensor, q_len: int) -> torch.Tensor:
+    """[B, 1, q, kv]: query i (key index kv - q + i) sees key j <= its index that ``keep`` [B, kv] keeps."""
+    kv = keep.shape[1]
+    causal = torch.arange(kv)[None, :] <= torch.arange(kv - q_len, kv)[:, None]
+    return causal[None, None] & keep[:, None, None, :].bool()
+
+
+def test_flash_masks():
+    keep = torch.ones(2, 20, dtype=torch.long)
+    keep[0, :3] = 0
+    got = mask_formats.engine_mask("flash_attention_2", keep, 5, 20, {}, "cpu")
+    assert torch.equal(got, causal_and_kept(keep, 5))
+    # a static cache: the mask covers the 12 filled slots of 20; the rest are never seen
+    short = mask_formats.engine_mask("flash_attention_2", keep[:, :12], 1, 20, {}, "cpu")
+    assert torch.equal(short[..., :12], causal_and_kept(keep[:, :12], 1)) and not bool(short[..., 12:].any())
+    # a window of 4: distance < 4
+    window = mask_formats.engine_mask("flash_attention_2", None, 6, 6, {"sliding_window": 4}, "cpu")[0, 0]
+    distance = torch.arange(6)[:, None] - torch.arange(6)[None, :]
+    assert torch.equal(window, (distance >= 0) & (distance < 4))
+    in_order = {"position_ids": torch.arange(6)[None]}
+    assert mask_formats.engine_mask("flash_attention_3", None, 6, 6, in_order, "cpu") is None
+    with pytest.raises(ValueError, match=r"flash-attention mask of shape \(2, 21\) does not fit 20 keys"):
+        mask_formats.engine_mask("flash_attention_2", torch.ones(2, 21), 1, 20, {}, "cpu")
+
+
+def padded_block_mask(keep: torch.Tensor, q_len: int, block: int = 8) -> BlockMask:
+    """A BlockMask as transformers builds one for flex: causal with an offset, and padding."""
+    offset = keep.shape[1] - q_len
+
+    def mask_mod(b, h, q, kv):
+        return (kv <= q + offset) & keep[b, kv].bool()
+
+    return create_block_mask(mask_mod, keep.shape[0], None, q_len, keep.shape[1], device="cpu", BLOCK_SIZE=block)
+
+
+def test_flex_block_masks_read_as_compiled_flex_reads_them():
+    keep = torch.ones(2, 30, dtype=torch.long)
+    keep[1, :5] = 0
+    block_mask = padded_block_mask(keep, 30)
+    got = mask_formats.engine_mask("flex_attention", block_mask, 30, 30, {}, "cpu")
+    assert torch.equal(got, causal_and_kept(keep, 30))
+    assert torch.equal(mask_formats.block_mask_allowed(padded_block_mask(keep, 3)), causal_and_kept(keep, 3))
+    # plain causal comes out as None (the engines' unmasked plans)
+    causal = padded_block_mask(torch.ones(1, 30), 30)
+    assert mask_formats.engine_mask("flex_attention", causal, 30, 30, {}, "cpu") is None
+    # the lists decide: a block the lists leave out is not attended even where mask_mod allows it
+    partly = torch.tensor([[[[True, False], [True, True]]]])
+    fully = torch.zeros_like(partly)
+    counts = lambda blocks: blocks.sum(-1, dtype=torch.int32)  # noqa: E731
+    order = lambda blocks: torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # noqa: E731
+    lists = BlockMask.from_kv_blocks(
+        counts(partly), order(partly), counts(fully), order(fully), BLOCK_SIZE=8,
+        mask_mod=lambda b, h, q, kv: q >= 0, seq_lengths=(16, 16),
+    )  # fmt: skip
+    allowed = mask_formats.block_mask_allowed(lists)[0, 0]
+    assert bool(allowed[:8, :8].all()) and not bool(allowed[:8, 8:].any()) and bool(allowed[8:].all())
+
+
+def test_a_block_mask_per_head_is_refused():
+    block_mask = create_block_mask(lambda b, h, q, kv: kv <= q + h, 1, 2, 16, 16, device="cpu", BLOCK_SIZE=8)
+    with pytest.raises(ValueError, match="flex BlockMask with 2 head masks"):
+        mask_formats.engine_mask("flex_attention", block_mask, 16, 16, {}, "cpu")
