@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU measurement the project reports, in one command, on a CUDA machine (issue 25):
+# Every GPU measurement the project reports, in one command, on a CUDA machine:
 #
 #   bash benchmarks/gpu.sh [OUT]        # default OUT: runs/gpu-<time>; writes OUT/gpu.json and OUT/gpu.md
 #
+# 0. correctness first (benchmarks/check_engines.py): every attention-level type's fast engine on CUDA (compiled
+#    flex_attention), through sdpa, flash_attention_2 and flex_attention masks, prefill, decode and backward, fp32
+#    and bf16, against the reference engine in fp32: the max error per type and case. Past a bound the timings
+#    still run, but the script ends with exit status 1 and a FAIL line;
 # 1. attention (benchmarks/bench_attention.py): every attention-level type against plain RoPE's sdpa call (torch's
 #    flash kernel on CUDA in bf16), bf16, 32 query / 8 kv heads, head_dim 128: prefill at 8k, 32k and 64k tokens,
 #    decode per token after 8k, 32k and 64k cached tokens (DynamicCache and StaticCache), time ratios and peak memory
@@ -24,6 +28,10 @@ mkdir -p "$OUT"
 "$PY" -c "import torch, transformers; print('gpu.sh:', torch.cuda.get_device_name(), '| torch', torch.__version__, \
 '| transformers', transformers.__version__)" | tee "$OUT/device.txt"
 
+checked=0
+PYTHONPATH=. "$PY" benchmarks/check_engines.py --device cuda --json "$OUT/engines.json" | tee "$OUT/engines.txt" \
+  || checked=$?
+
 PYTHONPATH=. "$PY" benchmarks/bench_attention.py --device cuda --head-dims 128 --dtypes bfloat16 --repeats 3 \
   --lengths 8192 32768 65536 --decode 8192 32768 65536 --decode-static 8192 32768 65536 \
   --json "$OUT/attention.json" | tee "$OUT/attention.txt"
@@ -36,3 +44,7 @@ PYTHONPATH=. "$PY" benchmarks/bench_finetune_gpu.py --reach --json "$OUT/finetun
 # PYTHONPATH=. "$PY" scripts/real_model_report.py --cells yarn:4 --out "$OUT/passkey" | tee "$OUT/passkey.txt"
 
 "$PY" benchmarks/gpu_report.py "$OUT"
+if [ "$checked" != 0 ]; then
+  echo "benchmarks/gpu.sh: FAIL: the fast engine on CUDA is off the reference engine past its bound ($OUT/engines.txt)" >&2
+  exit 1
+fi

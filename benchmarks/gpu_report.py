@@ -2,7 +2,8 @@
 
     python benchmarks/gpu_report.py OUT
 
-Reads OUT/attention.json (``bench_attention.py --json``), OUT/finetune.json (``bench_finetune_gpu.py --json``) and,
+Reads OUT/engines.json (``check_engines.py --json``: errors against the reference engine), OUT/attention.json
+(``bench_attention.py --json``), OUT/finetune.json (``bench_finetune_gpu.py --json``) and,
 when present, the JSON files under OUT/passkey/ (``scripts/real_model_report.py --out``); a part not measured is
 named as missing in both outputs.
 """
@@ -39,6 +40,21 @@ def cell(record: dict | None) -> str:
     return f"{record['ratio_min']:.2f}{peak}"
 
 
+def engines_table(data: dict) -> list[str]:
+    """One row per type and dtype: the error of each case (FAIL where past its bound)."""
+    records = data["records"]
+    cases = list(dict.fromkeys(r["case"] for r in records))
+    lines = [
+        "| rope_type | dtype | " + " | ".join(cases) + " |",
+        "| --- | --- | " + " | ".join("---:" for _ in cases) + " |",
+    ]
+    for key in dict.fromkeys((r["rope_type"], r["dtype"]) for r in records):
+        row = {r["case"]: r for r in records if (r["rope_type"], r["dtype"]) == key}
+        cells = [f"{row[c]['error']:.1e}" + ("" if row[c]["error"] <= row[c]["bound"] else " FAIL") for c in cases]
+        lines.append("| " + " | ".join([*key, *cells]) + " |")
+    return lines
+
+
 def finetune_table(data: dict) -> list[str]:
     lines = ["| shape | kernels | length | tokens/s | MFU | peak GiB | note |", "| --- " * 7 + "|"]
     for r in data["records"]:
@@ -51,11 +67,15 @@ def finetune_table(data: dict) -> list[str]:
 def main(argv=None) -> int:
     out = Path((argv or sys.argv[1:])[0])
     parts = {
+        "engines": load(out / "engines.json"),
         "attention": load(out / "attention.json"),
         "finetune": load(out / "finetune.json"),
         "passkey": [load(p) for p in sorted((out / "passkey").glob("*.json"))] or None,
     }
     md = [f"# GPU measurements ({(out / 'device.txt').read_text().strip() if (out / 'device.txt').is_file() else '?'})"]
+    if parts["engines"]:
+        title = "Fast engine against the reference engine: max |error| / max |reference| (check_engines.py)"
+        md += ["", title, "", *engines_table(parts["engines"])]
     if parts["attention"]:
         title = "Attention call, x plain sdpa: time (min over repeats) / peak memory"
         md += ["", title, "", *attention_table(parts["attention"])]

@@ -2,6 +2,7 @@
 forward with a DynamicCache or a StaticCache (so the package's cache hook takes part), and the table has a row per
 case with a ratio per rope type."""
 
+import json
 import os
 import subprocess
 import sys
@@ -24,3 +25,23 @@ def test_prefill_and_decode_rows_for_every_type():
     assert sorted(rows) == ["decode", "decode-static", "prefill"]
     for cells in rows.values():
         assert all(float(cell.split("/")[0]) > 0 for cell in cells)
+
+
+def test_engine_check_reports_every_type_and_case_and_fails_loudly_past_its_bound(tmp_path):
+    """benchmarks/check_engines.py on CPU (the CPU kernel in the CUDA kernel's place): float32 errors are tiny, and
+    a bound of 0 makes every one a FAIL, exit status 1; gpu_report.py puts them in a table."""
+    out = tmp_path / "engines.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "check_engines.py"), "--device", "cpu", "--length", "48"]
+    command += ["--grad-length", "32", "--steps", "2", "--head-dim", "16", "--dtypes", "float32", "--fp32-bound", "0"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([*command, "--json", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 1 and "errors past their bound on cpu" in result.stderr
+    records = json.loads(out.read_text())["records"]
+    cases = {"prefill", "padded", "flash", "flex", "decode", "backward"}
+    for name in ("rerope", "leaky_rerope", "self_extend", "xpos", "roper"):
+        assert {r["case"] for r in records if r["rope_type"] == name} == cases
+    assert all(0 < r["error"] < 1e-5 for r in records), records
+    assert result.stdout.count("FAIL") == len(records) == 5 * len(cases)
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_report.py"), str(tmp_path)], check=True, env=env)
+    table = (tmp_path / "gpu.md").read_text()
+    assert "| rerope | float32 | " in table and table.count(" FAIL") == len(records)
