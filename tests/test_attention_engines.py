@@ -172,6 +172,7 @@ PIECES = [  # (piece, rows, columns)
     (Piece(row0=30, low=5), 20, 45),  # shifted causal: keys n <= m - 5
     (Piece(row0=3, low=0, high=2), 12, 40),  # most columns outside every row's range
     (Piece(row0=7, low=0, high=14), 16, 16),  # a block whose distances run from low to high exactly (0..14)
+    (Piece(row0=7, low=0, high=15), 16, 16),  # the same block fully allowed: its smallest distance is low exactly
 ]
 
 

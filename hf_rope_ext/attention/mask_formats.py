@@ -58,8 +58,9 @@ def flash_allowed(mask, q_len: int, kv_len: int, window: int | None, position_id
 def listed(counts: torch.Tensor, indices: torch.Tensor, columns: int) -> torch.Tensor:
     """Block lists (counts [B, H, nq], indices [B, H, nq, n]) -> [B, H, nq, columns] bool of the listed blocks."""
     counted = torch.arange(indices.shape[-1], device=indices.device) < counts[..., None]
-    hits = torch.zeros(*indices.shape[:-1], columns, dtype=torch.int32, device=indices.device)
-    return hits.scatter_add_(-1, indices.long(), counted.int()) > 0
+    room = max(columns, indices.shape[-1])  # a mask built for a longer (padded) key length lists more blocks
+    hits = torch.zeros(*indices.shape[:-1], room, dtype=torch.int32, device=indices.device)
+    return hits.scatter_add_(-1, indices.long(), counted.int())[..., :columns] > 0
 
 
 def block_mask_allowed(block_mask) -> torch.Tensor:
