@@ -58,12 +58,17 @@ def cache_root() -> Path:
 
 
 def content_key(path: Path) -> str:
-    """The first 16 hex digits of the file's sha256 (read in 8 MiB blocks)."""
+    """The first 16 hex digits of the file's sha256."""
+    return file_sha256(path)[:16]
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256 in hex (read in 8 MiB blocks)."""
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    with Path(path).open("rb") as handle:
         for block in iter(lambda: handle.read(8 << 20), b""):
             digest.update(block)
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()
 
 
 def check_gguf(path) -> Path:

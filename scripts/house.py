@@ -1,13 +1,20 @@
 """The house in numbers: import cycles, imports inside functions, module sizes (an AST walk, nothing imported).
 
-    python scripts/house.py            # a report; exit status 1 on a cycle, a module over the limit, or a reach
-                                       # into transformers' internals outside hf_rope_ext/_transformers/
+    python scripts/house.py            # a report; exit status 1 on a cycle, a module over the limit, a reach
+                                       # into transformers' internals outside hf_rope_ext/_transformers/, or a
+                                       # dropped answer anywhere in the tree (below)
 
 Edges: ``import a.b`` and ``from a import b`` (b a module) point to that module, ``from a import name`` to package
 ``a`` (its ``__init__``); importing a module also points to every package above it that is not above the importer
 (Python runs those ``__init__`` files first, so a circle through them is a circle). Imports inside functions count
 (they run too); imports under ``if TYPE_CHECKING:`` do not. A cycle is a strongly connected component of more than
 one module.
+
+A dropped answer is a statement that computes a value and throws it away: a check that never runs, such as
+``Path(p).exists()`` where ``assert Path(p).exists()`` was meant. ruff's B018 and B015 find bare names, attributes
+and comparisons but leave every call alone (a call may be made for its effect), so this finds the calls that are
+made only for their answer: the predicates in PREDICATES, and a conditional expression whose branches are all
+dropped answers.
 """
 
 from __future__ import annotations
@@ -19,6 +26,13 @@ from pathlib import Path
 
 PACKAGE = "hf_rope_ext"
 LINE_LIMIT = 300
+# calls that only answer a question: a statement that makes one and drops the answer checks nothing
+PREDICATES = {
+    "exists", "is_file", "is_dir", "is_symlink", "startswith", "endswith", "isinstance", "issubclass", "hasattr",
+    "callable", "issubset", "issuperset", "isdisjoint", "all", "any", "equal", "allclose", "isclose", "isfinite",
+    "isnan", "isinf", "is_tensor", "is_available",
+}  # fmt: skip
+SKIPPED_DIRS = {".venv", ".venv-oldest", ".git", "runs", "build"}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -170,8 +184,31 @@ def reaches(name: str, path: Path) -> list[str]:
     return found
 
 
+def dropped(value: ast.expr) -> bool:
+    """True when an expression statement of ``value`` computes an answer and throws it away."""
+    if isinstance(value, ast.Call):
+        func = value.func
+        return (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in PREDICATES
+    if isinstance(value, ast.IfExp):  # `a() if c else b()` runs a() or b(): dropped only if both are
+        return dropped(value.body) and dropped(value.orelse)
+    return not isinstance(value, (ast.Constant, ast.Await, ast.Yield, ast.YieldFrom))  # docstrings, `...`, yields
+
+
+def dropped_answers(root: Path) -> list[str]:
+    """``path:line`` of every statement in the tree's Python files that drops an answer (see the module docstring)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if SKIPPED_DIRS.intersection(path.relative_to(root).parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Expr) and dropped(node.value):
+                found.append(f"{path.relative_to(root)}:{node.lineno} drops {ast.unparse(node.value)[:60]}")
+    return found
+
+
 def report(root: Path, top_level_only: bool = False) -> dict:
-    """Cycles, imports inside functions, and modules over LINE_LIMIT lines of the package under ``root``."""
+    """Cycles, imports inside functions, modules over LINE_LIMIT lines and reaches past the seams of the package under
+    ``root``; the dropped answers of every Python file under it."""
     known = modules(root)
     graph, inside = {m: set() for m in known}, []
     for name, path in known.items():
@@ -183,7 +220,8 @@ def report(root: Path, top_level_only: bool = False) -> dict:
     sizes = {name: len(path.read_text().splitlines()) for name, path in known.items()}
     large = sorted(((n, s) for n, s in sizes.items() if s > LINE_LIMIT), key=lambda x: -x[1])
     reach = [r for name, path in known.items() for r in reaches(name, path)]
-    return {"cycles": strongly_connected(graph), "inside_functions": inside, "large": large, "reach": reach}
+    found = {"cycles": strongly_connected(graph), "inside_functions": inside, "large": large, "reach": reach}
+    return {**found, "dropped": dropped_answers(root)}
 
 
 def main(argv=None) -> int:
@@ -200,7 +238,9 @@ def main(argv=None) -> int:
         print(f"over {LINE_LIMIT} lines: {name} ({size})")
     for line in found["reach"]:
         print(f"outside the seams: {line}")
-    return 1 if found["cycles"] or found["large"] or found["reach"] else 0
+    for line in found["dropped"]:
+        print(f"a dropped answer: {line}")
+    return 1 if found["cycles"] or found["large"] or found["reach"] or found["dropped"] else 0
 
 
 if __name__ == "__main__":

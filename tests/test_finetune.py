@@ -351,6 +351,7 @@ GUESSED = ("factor", "original_max_position_embeddings")  # from the target leng
 
 @pytest.mark.parametrize("rope_type", [*hf_rope_ext.available_rope_types(), "linear", "yarn", "dynamic", "default"])
 def test_extended_config_for_every_type(base, rope_type):
+    before = folder_bytes(base)
     required = (
         []
         if rope_type in ("linear", "yarn", "dynamic", "default")
@@ -367,7 +368,12 @@ def test_extended_config_for_every_type(base, rope_type):
         assert config.rope_parameters["original_max_position_embeddings"] == L0
     model = AutoModelForCausalLM.from_pretrained(base, config=config)
     assert torch.isfinite(logits(model, 4 * L0)).all()
-    Path(base, "x").exists()  # the base folder is left as it was
+    assert folder_bytes(base) == before  # the base folder is left as it was: the extended config lives in memory
+
+
+def folder_bytes(folder) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative name -> content)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
 
 
 REQUIRED_VALUES = {

@@ -1,6 +1,7 @@
 """The house rules, read from the source (``scripts/house.py``): no import cycles (imports inside functions and
 through package ``__init__`` files count), no module over 300 lines, transformers' internals reached only from the
-seams in ``hf_rope_ext/_transformers/``."""
+seams in ``hf_rope_ext/_transformers/``; no statement anywhere in the tree that drops a predicate's answer (a check
+that never runs)."""
 
 from __future__ import annotations
 
@@ -16,18 +17,19 @@ spec.loader.exec_module(house)
 def test_the_package_has_no_cycle_no_large_module_and_no_reach_past_the_seams():
     found = house.report(ROOT)
     assert found["cycles"] == [] and found["large"] == [] and found["reach"] == [], found
+    assert found["dropped"] == [], found["dropped"]
 
 
 def write(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
-        path = root / "hf_rope_ext" / name
+        path = root / name if name.startswith("tests/") else root / "hf_rope_ext" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 
 
 def test_the_checks_find_what_they_look_for(tmp_path):
     """A circle through a package __init__ and a function-level import, a patched transformers class, a long
-    module: each is reported."""
+    module, checks that never run: each is reported; a call made for its effect is not."""
     write(
         tmp_path,
         {
@@ -38,9 +40,18 @@ def test_the_checks_find_what_they_look_for(tmp_path):
             "b/y.py": "def f():\n    from ..a import x\n",
             "patch.py": "from transformers import GenerationMixin\n\nGenerationMixin.generate = None\n",
             "long.py": "x = 1\n" * 301,
+            "tests/test_x.py": (
+                '"""Doc."""\nfrom pathlib import Path\n\n\ndef test():\n    p = Path(".")\n    p.exists()\n'
+                "    p.mkdir() if p.is_dir() else p.touch()\n    p.is_dir() if p else p.is_file()\n    p.name\n"
+            ),
         },
     )
     found = house.report(tmp_path)
     assert found["cycles"] == [["hf_rope_ext.a", "hf_rope_ext.a.x", "hf_rope_ext.b.y"]], found["cycles"]
     assert found["large"] == [("hf_rope_ext.long", 301)]
     assert found["reach"] == ["hf_rope_ext.patch:3 sets GenerationMixin.generate"]
+    assert found["dropped"] == [
+        "tests/test_x.py:7 drops p.exists()",
+        "tests/test_x.py:9 drops p.is_dir() if p else p.is_file()",
+        "tests/test_x.py:10 drops p.name",
+    ]

@@ -5,6 +5,7 @@ the package registry cannot be reached and nothing is cached."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,25 @@ def test_the_shipped_adapter_loads_on_the_real_model_and_changes_its_output(real
     tuned, plain = logits(model), logits(load(real_model_dir, rope_parameters=params))
     assert torch.isfinite(tuned).all() and (tuned - plain).abs().max() > 0.1
     torch.testing.assert_close(logits(model.merge_and_unload()), tuned, rtol=1e-4, atol=1e-4)
+
+
+def test_the_shipped_adapter_bundled_loads_right_in_stock_peft(real_model_dir, tmp_path):
+    """The card's way for stock peft: `get-smollm2 --adapter` writes the adapter with the extended base folder it
+    names; AutoPeftModelForCausalLM then gives load_adapter's logits. On the shipped folder alone it builds the base
+    with the base's own config (rope type default, 8192 positions), so its logits differ."""
+    from peft import AutoPeftModelForCausalLM
+
+    adapter = ROOT / "examples" / "smollm2-yarn4-pose-lora"
+    out = tmp_path / "bundle"
+    assert main(["get-smollm2", "--adapter", str(adapter), "--out", str(out)]) == 0
+    expected = logits(load_adapter(str(adapter), base=str(real_model_dir), dtype=torch.float32).eval())
+    bundled = AutoPeftModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    assert bundled.config.rope_parameters["rope_type"] == "yarn" and bundled.config.max_position_embeddings == 32768
+    assert torch.equal(logits(bundled), expected)
+    pointed = tmp_path / "pointed"  # the shipped folder, its base_model_name_or_path the local converted base
+    shutil.copytree(adapter, pointed)
+    config = json.loads((pointed / "adapter_config.json").read_text())
+    (pointed / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(real_model_dir)}))
+    alone = AutoPeftModelForCausalLM.from_pretrained(str(pointed), dtype=torch.float32).eval()
+    assert alone.config.rope_parameters["rope_type"] == "default" and alone.config.max_position_embeddings == 8192
+    assert not torch.allclose(logits(alone), expected, atol=1e-2)

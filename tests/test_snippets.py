@@ -1,4 +1,5 @@
-"""Every Python snippet of README.md, docs/*.md and the model card templates runs, as a reader would run it.
+"""Every Python snippet of README.md, docs/*.md and the model card templates runs, as a reader would run it; so does
+every code block of every example's card (``examples/*/README.md``), in the card's order.
 
 Each snippet runs in a process of its own (``snippet_runner.py`` forks one per snippet from a parent that has
 imported torch and transformers but not hf_rope_ext), in a fresh folder holding tiny local models under the
@@ -6,6 +7,12 @@ placeholder paths the docs use (``path/to/llama``, ``path/to/roformer``, ``runs/
 down (``max_steps=N`` -> 1, ``length=N`` -> 1024) so that a fine-tuning snippet takes seconds. A block whose fence
 reads ```` ```python no-run ```` is not run: kept for snippets that need the Hub or are long measurement scripts
 whose command and figures the doc gives.
+
+An example's card is one job: its ```` ```python ```` blocks (each in a fresh namespace) and ```` ```bash ```` blocks
+(``bash -e``, with this Python's ``bin/`` first on PATH) run in order in a folder holding a copy of the example under
+its own path (``examples/<name>``), so that a command block's output is there for the blocks after it. A card that
+needs SmolLM2 (it names ``smollm2``) is skipped, with the reason, where SmolLM2 cannot be fetched (as in
+``test_real_model.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from hf_rope_ext.cards import write_model_card
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.S | re.M)
+BLOCK = re.compile(r"^```(python|bash)([^\n]*)\n(.*?)^```", re.S | re.M)
+EXAMPLES = sorted(p.parent.name for p in (ROOT / "examples").glob("*/README.md"))
 SCALE_DOWN = [(re.compile(r"\bmax_steps=\d+"), "max_steps=1"), (re.compile(r"\blength=\d+"), "length=1024")]
 NTK = {"rope_type": "ntk", "factor": 4.0, "rope_theta": 10000.0}
 CARDS = ["extended", "adapter (extended config beside it)", "adapter (rope_parameters)", "export"]
@@ -121,6 +130,51 @@ def card_snippets(root: Path) -> dict[str, str]:
     return found
 
 
+def example_program(name: str) -> str:
+    """The runnable blocks of ``examples/<name>/README.md`` as one program, in the card's order (no-run left out)."""
+    path = ROOT / "examples" / name / "README.md"
+    text = path.read_text(encoding="utf-8")
+    lines = ["import subprocess"]
+    for match in BLOCK.finditer(text):
+        language, info, code = match.groups()
+        if "no-run" in info.split():
+            continue
+        where = f"{path.relative_to(ROOT)}:{text[: match.start()].count(chr(10)) + 1}"
+        lines.append(f"print({'--- ' + where!r}, flush=True)")
+        if language == "python":
+            lines.append(f"exec(compile({code!r}, {where!r}, 'exec'), {{'__name__': '__main__'}})")
+        else:
+            lines.append(f"subprocess.run(['bash', '-ec', {code!r}], check=True)")
+    return "\n".join(lines)
+
+
+def example_jobs(tmp: Path) -> tuple[list[dict], dict[str, str]]:
+    """One job per example card, in a folder holding a copy of the example; (jobs, name -> reason not run)."""
+    jobs, skipped = [], {}
+    for name in EXAMPLES:
+        if "smollm2" in (ROOT / "examples" / name / "README.md").read_text(encoding="utf-8"):
+            reason = smollm2_unavailable()
+            if reason:
+                skipped[f"examples: {name}"] = reason
+                continue
+        cwd = tmp / f"example-{name}"
+        shutil.copytree(ROOT / "examples" / name, cwd / "examples" / name)
+        log = str(tmp / f"example-{name}.log")
+        jobs.append({"name": f"examples: {name}", "code": example_program(name), "cwd": str(cwd), "log": log})
+    return jobs, skipped
+
+
+def smollm2_unavailable() -> str:
+    """Why SmolLM2 cannot be had ('' when it can: fetched and converted once, then read from the cache)."""
+    from hf_rope_ext import smollm2
+
+    try:
+        smollm2.ensure()
+    except OSError as err:
+        return f"SmolLM2 could not be fetched or converted: {err}"
+    return ""
+
+
 def prepare(code: str) -> str:
     for pattern, small in SCALE_DOWN:
         code = pattern.sub(small, code)
@@ -140,12 +194,16 @@ def results(tmp_path_factory):
         cwd = tmp / f"run{i}"
         shutil.copytree(template, cwd, symlinks=True, ignore=_runs_made_by(code))
         jobs.append({"name": name, "code": prepare(code), "cwd": str(cwd), "log": str(tmp / f"run{i}.log")})
+    examples, skipped = example_jobs(tmp)
+    jobs += examples
     (tmp / "jobs.json").write_text(json.dumps(jobs))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # hf-rope-ext in bash
     runner = [sys.executable, str(Path(__file__).with_name("snippet_runner.py")), "jobs.json", "results.json"]
     subprocess.run(runner, cwd=tmp, env=env, check=True, timeout=900)
     status = json.loads((tmp / "results.json").read_text())
-    return {job["name"]: (status[job["name"]][0], Path(job["log"]).read_text()) for job in jobs}
+    ran = {job["name"]: (status[job["name"]][0], Path(job["log"]).read_text()) for job in jobs}
+    return ran | {name: (None, reason) for name, reason in skipped.items()}
 
 
 def _runs_made_by(code: str):
@@ -170,7 +228,16 @@ def test_card_snippet_runs(results, name):
     assert status == 0, f"{name} card snippet failed (exit {status}):\n{log[-4000:]}"
 
 
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_card_runs(results, name):
+    status, log = results[f"examples: {name}"]
+    if status is None:
+        pytest.skip(log)
+    assert status == 0, f"examples/{name}/README.md failed (exit {status}):\n{log[-4000:]}"
+
+
 def test_every_template_and_doc_block_is_covered():
     templates = {p.stem for p in (ROOT / "model_cards").glob("*.md")}
     assert templates == {name.split(" ")[0] for name in CARDS}
     assert len(RUN) >= 8 and all("no-run" in SNIPPETS[n][0] for n in set(SNIPPETS) - set(RUN))
+    assert EXAMPLES and all("exec(compile(" in example_program(name) for name in EXAMPLES)  # each runs some Python

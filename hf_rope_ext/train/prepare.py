@@ -263,13 +263,15 @@ def _base_length(path: str) -> int:
     return int(AutoConfig.from_pretrained(path).max_position_embeddings)
 
 
-def load_adapter(path: str, base: str | None = None, **kwargs):
-    """A fine-tuned adapter on its base, built with the adapter folder's (extended) config."""
+def load_adapter(path, base=None, **kwargs):
+    """A fine-tuned adapter on its base (``base``, else the adapter's ``base_model_name_or_path``), built with the
+    adapter folder's (extended) config.json, or the base's own where the adapter has none (a ``bundle_adapter``
+    folder, whose base carries the extended config)."""
     from peft import PeftModel
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(path)
-    base = base or read_json(Path(path) / "adapter_config.json")["base_model_name_or_path"]
+    base = str(base or read_json(Path(path) / "adapter_config.json")["base_model_name_or_path"])
+    config = AutoConfig.from_pretrained(path if (Path(path) / "config.json").is_file() else base)
     model = AutoModelForCausalLM.from_pretrained(base, config=config, **kwargs)
     with peft_wrapping():
-        return PeftModel.from_pretrained(model, path)
+        return PeftModel.from_pretrained(model, str(path))
