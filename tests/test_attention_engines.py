@@ -221,3 +221,11 @@ def test_block_lists_skip_blocks_outside_the_range():
     """A window piece over 64 x 64 with blocks of 8: each row block lists at most 2 key blocks."""
     partly, fully = flex.range_blocks(Piece(low=0, high=8), 64, 64, "cpu")
     assert int((partly | fully).sum(-1).max()) <= 2
+
+
+@pytest.mark.parametrize("index", range(len(PIECES) + 1))
+def test_a_piece_cuts_exactly_when_a_pair_is_out_of_its_range(index):
+    """``Piece.cuts`` decides whether a kernel applies the range at all (the CPU flash op and the block mask):
+    it must be True whenever one pair falls outside, including a pair at distance ``high`` exactly."""
+    piece, rows, columns = (*PIECES, (Piece(row0=7, low=0, high=14), 8, 8))[index]
+    assert piece.cuts(rows, columns) == (not bool(piece.allowed(rows, columns, "cpu").all()))
