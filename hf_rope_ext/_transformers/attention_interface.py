@@ -5,8 +5,9 @@
   rotate inside attention (``attention.layer.resolve``) to ``attention.function.attend_layer``, and any other
   module, with the same arguments, to the stock function (transformers' own, or for ``"eager"`` the
   ``eager_attention_forward`` of the module's own modeling file: each family has its own);
-- every other implementation (paged, a kernel from the Hub): a wrapper raising a clear error for those types,
-  instead of running without their score modification; other modules pass straight through.
+- every other implementation registered then (``"paged|eager"``): a wrapper raising a clear error for those
+  types, instead of running without their score modification; other modules pass straight through. One
+  registered later (a kernel from the Hub, the user's own) is left as it is.
 Each function keeps the one it wraps as ``hf_rope_ext_stock``; :func:`uninstall` registers those back.
 """
 
