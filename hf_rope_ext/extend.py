@@ -30,6 +30,7 @@ from .progress import bar
 BUILTIN_METHODS = ("linear", "dynamic", "yarn")
 DEFAULT_FACTORS = (2.0, 4.0, 8.0)
 FAR_WINDOW_FRACTION = 4  # windowed attention types keep exact distances below L0 / 4
+STRING_SHIFT_FRACTION, STRING_LOCAL = 3, 128  # STRING's authors: shift S = L0/3, W = 128 (here at most S/2)
 
 
 def applicable_methods(config) -> list[str | None]:
@@ -45,10 +46,14 @@ def takes_factor(rope_type) -> bool:
 
 def default_parameters(rope_type, pretrain: int, factor: float | None) -> dict:
     """Values for the required keys besides ``factor``, chosen so that s x L0 tokens fit the pretrained distances:
-    ``window`` L0/4; ``group_size`` and leaky ``factor`` just large enough that window + (s L0 - window) / k <= L0."""
+    ``window`` L0/4; ``group_size`` and leaky ``factor`` just large enough that window + (s L0 - window) / k <= L0;
+    STRING (``local_window``) its authors' shift L0/3 and W = 128 (at most half the shift, for a short L0)."""
     if rope_type in loading.NONE_TYPES:
         return {}
     keys = loading.accepted_keys(rope_type)
+    if "local_window" in keys:
+        shift = max(1, pretrain // STRING_SHIFT_FRACTION)
+        return {"window": shift, "local_window": min(STRING_LOCAL, shift // 2)}
     window = max(1, pretrain // FAR_WINDOW_FRACTION)
     squeeze = (factor or 1.0) * pretrain - window  # distances beyond the window at the target length
     rules = {"window": window, "group_size": max(1, math.ceil(squeeze / (pretrain - window)))}

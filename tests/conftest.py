@@ -23,6 +23,7 @@ ATTENTION_PARAMS = {
     "rerope": {"window": 4},
     "leaky_rerope": {"window": 4, "factor": 3.0},
     "self_extend": {"window": 4, "group_size": 3},
+    "string": {"window": 4, "local_window": 1},
     "xpos": {"scale_base": 8.0},
     "roper": {"value_rotary_factor": 1.0},
 }
@@ -31,9 +32,20 @@ ENGINE_PARAMS = {
     "rerope": {"window": 5},
     "leaky_rerope": {"window": 5, "factor": 2.5},
     "self_extend": {"window": 5, "group_size": 3},
+    "string": {"window": 5, "local_window": 2},
     "xpos": {"scale_base": 8.0},
     "roper": {"value_rotary_factor": 1.0},
 }
+
+
+def with_rope(name: str, params: dict, **overrides) -> dict:
+    """``{"rope_type": name, **params, **overrides}``, STRING's ``local_window`` kept below an overridden window."""
+    rope = {"rope_type": name, **params, **overrides}
+    if "local_window" in rope and "window" in overrides:
+        rope["local_window"] = min(rope["local_window"], rope["window"] - 1)
+    return rope
+
+
 TINY = dict(
     vocab_size=97,
     hidden_size=64,

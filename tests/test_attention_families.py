@@ -27,6 +27,7 @@ PARAMS = {  # every band matters in 24 tokens
     "rerope": {"window": 5},
     "leaky_rerope": {"window": 5, "factor": 2.5},
     "self_extend": {"window": 5, "group_size": 3},
+    "string": {"window": 5, "local_window": 2},
     "xpos": {"scale_base": 8.0, "gamma": 0.4},
     "roper": {"value_rotary_factor": 1.0},
 }

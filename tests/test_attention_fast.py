@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ENGINE_PARAMS, tiny_model
+from conftest import ENGINE_PARAMS, tiny_model, with_rope
 from torch.nn import functional as F
 
 from hf_rope_ext.attention import function
@@ -40,7 +40,7 @@ def small_blocks(monkeypatch):
 
 
 def module_of(name: str, **rope):
-    model = tiny_model("llama", {"rope_type": name, **PARAMS[name], **rope}, num_hidden_layers=1)
+    model = tiny_model("llama", with_rope(name, PARAMS[name], **rope), num_hidden_layers=1)
     return model.model.layers[0].self_attn
 
 

@@ -23,6 +23,7 @@ PARAMS = {
     "rerope": {"window": 5},
     "leaky_rerope": {"window": 5, "factor": 2.5},
     "self_extend": {"window": 5, "group_size": 3},
+    "string": {"window": 5, "local_window": 2},
     "xpos": {"scale_base": 8.0, "gamma": 0.4},
     "roper": {"value_rotary_factor": 0.5},
 }
@@ -45,6 +46,9 @@ def distance(name: str, params: dict, m: torch.Tensor, n: torch.Tensor) -> torch
     if name == "self_extend":
         w, g = params["window"], params["group_size"]
         return torch.where(d < w, d, torch.floor(m / g) - torch.floor(n / g) + w - w // g)
+    if name == "string":
+        shift, local = params["window"], params["local_window"]
+        return torch.where(d < shift, d, d - shift + local)
     return d
 
 

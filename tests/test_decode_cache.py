@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 import transformers
-from conftest import ATTENTION_PARAMS, tiny_model
+from conftest import ATTENTION_PARAMS, tiny_model, with_rope
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
@@ -44,7 +44,7 @@ def counted(monkeypatch):
 
 
 def model_of(name: str, family: str = "llama", **rope):
-    return tiny_model(family, {"rope_type": name, **PARAMS[name], **rope}, attn_implementation="sdpa")
+    return tiny_model(family, with_rope(name, PARAMS[name], **rope), attn_implementation="sdpa")
 
 
 def prompts(batch=2, length=12):
@@ -80,7 +80,7 @@ def assert_same(cached, recomputed, atol=1e-5):
 )
 def test_generate_reuses_the_cache_layers_rows_and_equals_recompute(name, case, mode, counted):
     family, rope, implementation, config = CASES[case]
-    model = tiny_model(family, {"rope_type": name, **PARAMS[name], **rope}, attn_implementation="sdpa", **config)
+    model = tiny_model(family, with_rope(name, PARAMS[name], **rope), attn_implementation="sdpa", **config)
     cached, recomputed = generate_both(model, mode, cache_implementation=implementation)
     assert counted["compared"] == 0
     # a sliding layer forgets its rows once its window is full; ReRoPE with a window of 1 keeps none (its far band

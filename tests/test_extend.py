@@ -39,7 +39,9 @@ def test_default_parameters_fit_the_target_length_into_the_pretrained_distances(
             assert far(params["group_size"]) <= L0 and (params["group_size"] == 1 or far(params["group_size"] - 1) > L0)
         if "window" in params and "factor" in params:  # leaky ReRoPE: the farthest distance lands on L0 exactly
             assert window + (factor * L0 - window) / params["factor"] == pytest.approx(L0)
-        if "window" in params:
+        if "local_window" in params:  # STRING: its authors' S = L0/3, W = 128 (at most S/2 for a short L0)
+            assert params == {"window": L0 // 3, "local_window": min(128, L0 // 6)}
+        elif "window" in params:
             assert params["window"] == window
 
 

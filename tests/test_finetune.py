@@ -377,6 +377,7 @@ REQUIRED_VALUES = {
     "high_freq_factor": 4.0,
     "scale_base": 512.0,
     "value_rotary_factor": 1.0,
+    "local_window": 2,
 }
 
 
