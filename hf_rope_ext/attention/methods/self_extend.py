@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ...declare import RopeMethod
 from ...frequencies.common import plain_frequencies
 from .form import two_bands
-from .params import FAMILIES, GROUP_SIZE, WINDOWED, check_window
+from .params import FAMILIES, GROUP_SIZE, TEMPERATURE, WINDOWED, check_window
 
 if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
     from torch import Tensor
@@ -30,7 +30,7 @@ METHOD = RopeMethod(
     name="self_extend",
     kind="attention",
     frequencies=plain_frequencies,
-    params={"group_size": GROUP_SIZE, **WINDOWED},
+    params={"group_size": GROUP_SIZE, **WINDOWED, **TEMPERATURE},
     summary="Self-Extend: exact inside the window, floor(pos/group_size) beyond",
     check=check_window,
     families=FAMILIES,

@@ -6,10 +6,11 @@ query at m and a key at n (d = m - n) are at distance d for d < S and d - S + W 
 well-trained distances from W on, in place of the large ones the model saw too rarely. A two-band declaration: the
 near band is plain RoPE (d < S), the far band rotates the query by m - S + W and the key by n.
 
-The authors' defaults: S = L0/3 (``shifted_offset=int(0.33 * L)``), W = 128 (README: 128, 256 or 512); their code
-also multiplies cos and sin by 0.1 ln 2 + 1 (an attention temperature, not part of this type). Their
-flash-attention version lets the key at d = S into both bands (``window_size=[S, 0]`` beside the shifted causal
-piece); this follows the paper's position matrix, where each key has one distance.
+The authors' defaults: S = L0/3 (``shifted_offset=int(0.33 * L)``), W = 128 (README: 128, 256 or 512); their
+code also multiplies cos and sin by 0.1 ln 2 + 1 (here ``attention_temperature="constant"``,
+``temperature_factor=2``). Their flash-attention version lets the key at d = S into both bands
+(``window_size=[S, 0]`` beside the shifted causal piece); this follows the paper's position matrix, where each key
+has one distance.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 from ...declare import REQUIRED, Param, RopeMethod
 from ...frequencies.common import plain_frequencies
 from .form import two_bands
-from .params import FAMILIES, WINDOWED, check_window
+from .params import FAMILIES, TEMPERATURE, WINDOWED, check_window
 
 if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
     from torch import Tensor
@@ -58,7 +59,7 @@ METHOD = RopeMethod(
     name="string",
     kind="attention",
     frequencies=plain_frequencies,
-    params={**WINDOWED, "local_window": LOCAL_WINDOW},
+    params={**WINDOWED, "local_window": LOCAL_WINDOW, **TEMPERATURE},
     summary="STRING: distance m-n below window (the shift S), m-n-window+local_window beyond",
     check=check_string,
     families=FAMILIES,
