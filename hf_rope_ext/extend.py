@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from . import cards, registry
-from .attention.methods import self_extend
+from .attention.methods import dual_chunk, self_extend
 from .configure import extended_max_positions
 from .eval import loading
 from .eval.data import load_token_documents, long_enough
@@ -49,13 +49,15 @@ def default_parameters(rope_type, pretrain: int, factor: float | None) -> dict:
     ``window`` L0/4; leaky ``factor`` just large enough that window + (s L0 - window) / k <= L0; Self-Extend its
     authors' rule (``attention.methods.self_extend.authors_defaults``: window L0/4, the smallest group that keeps
     window + (s L0 - window) / g <= 2/3 L0); STRING (``local_window``) its authors' shift L0/3 and W = 128 (at most
-    half the shift, for a short L0)."""
+    half the shift, for a short L0); Dual Chunk Attention its authors' chunk_size 3/4 L0, local_size L0/16."""
     if rope_type in loading.NONE_TYPES:
         return {}
     keys = loading.accepted_keys(rope_type)
     if "local_window" in keys:
         shift = max(1, pretrain // STRING_SHIFT_FRACTION)
         return {"window": shift, "local_window": min(STRING_LOCAL, shift // 2)}
+    if "chunk_size" in keys:  # Dual Chunk Attention: its authors' chunk_size 3/4 L0, local_size L0/16
+        return dual_chunk.authors_defaults(pretrain)
     if "group_size" in keys:  # Self-Extend: its authors' rule, W + (s L0 - W)/G <= 2/3 L0
         return self_extend.authors_defaults(factor or 1.0, pretrain)
     window = max(1, pretrain // FAR_WINDOW_FRACTION)

@@ -40,7 +40,9 @@ def test_default_parameters_fit_the_target_length_into_the_pretrained_distances(
             assert params == self_extend.authors_defaults(factor, L0)
         elif "window" in params and "factor" in params:  # leaky ReRoPE: the farthest distance lands on L0 exactly
             assert window + (factor * L0 - window) / params["factor"] == pytest.approx(L0)
-        if "local_window" in params:  # STRING: its authors' S = L0/3, W = 128 (at most S/2 for a short L0)
+        if "chunk_size" in params:  # Dual Chunk Attention: its authors' 3/4 L0 and L0/16
+            assert params == {"chunk_size": 3 * L0 // 4, "local_size": L0 // 16}
+        elif "local_window" in params:  # STRING: its authors' S = L0/3, W = 128 (at most S/2 for a short L0)
             assert params == {"window": L0 // 3, "local_window": min(128, L0 // 6)}
         elif "window" in params:
             assert params["window"] == window

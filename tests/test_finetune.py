@@ -378,6 +378,8 @@ REQUIRED_VALUES = {
     "scale_base": 512.0,
     "value_rotary_factor": 1.0,
     "local_window": 2,
+    "chunk_size": 12,
+    "local_size": 4,
 }
 
 
