@@ -17,12 +17,15 @@ class Param:
     """One key of ``rope_parameters``: its default, its type and the range it must lie in."""
 
     default: Any = REQUIRED
-    kind: Literal["number", "int", "bool", "numbers"] = "number"  # numbers: a list of numbers (longrope's factors)
+    kind: Literal["number", "int", "bool", "numbers", "choice"] = "number"  # numbers: a list (longrope's factors)
     minimum: float | None = None  # inclusive lower bound
     exclusive_minimum: float | None = None  # strict lower bound
     help: str = ""
+    choices: tuple[str, ...] = ()  # kind "choice": the strings allowed
 
     def describe_allowed(self) -> str:
+        if self.kind == "choice":
+            return "one of " + ", ".join(repr(c) for c in self.choices)
         what = {"number": "a number", "int": "an integer", "bool": "true or false", "numbers": "a list of numbers"}
         text = what[self.kind]
         if self.minimum is not None:

@@ -11,12 +11,12 @@ the longest length's window, against the model as saved reading them through a s
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
 
 from . import cards, registry
+from .attention.methods import dual_chunk, self_extend
 from .configure import extended_max_positions
 from .eval import loading
 from .eval.data import load_token_documents, long_enough
@@ -30,6 +30,7 @@ from .progress import bar
 BUILTIN_METHODS = ("linear", "dynamic", "yarn")
 DEFAULT_FACTORS = (2.0, 4.0, 8.0)
 FAR_WINDOW_FRACTION = 4  # windowed attention types keep exact distances below L0 / 4
+STRING_SHIFT_FRACTION, STRING_LOCAL = 3, 128  # STRING's authors: shift S = L0/3, W = 128 (here at most S/2)
 
 
 def applicable_methods(config) -> list[str | None]:
@@ -45,14 +46,23 @@ def takes_factor(rope_type) -> bool:
 
 def default_parameters(rope_type, pretrain: int, factor: float | None) -> dict:
     """Values for the required keys besides ``factor``, chosen so that s x L0 tokens fit the pretrained distances:
-    ``window`` L0/4; ``group_size`` and leaky ``factor`` just large enough that window + (s L0 - window) / k <= L0."""
+    ``window`` L0/4; leaky ``factor`` just large enough that window + (s L0 - window) / k <= L0; Self-Extend its
+    authors' rule (``attention.methods.self_extend.authors_defaults``: window L0/4, the smallest group that keeps
+    window + (s L0 - window) / g <= 2/3 L0); STRING (``local_window``) its authors' shift L0/3 and W = 128 (at most
+    half the shift, for a short L0); Dual Chunk Attention its authors' chunk_size 3/4 L0, local_size L0/16."""
     if rope_type in loading.NONE_TYPES:
         return {}
     keys = loading.accepted_keys(rope_type)
+    if "local_window" in keys:
+        shift = max(1, pretrain // STRING_SHIFT_FRACTION)
+        return {"window": shift, "local_window": min(STRING_LOCAL, shift // 2)}
+    if "chunk_size" in keys:  # Dual Chunk Attention: its authors' chunk_size 3/4 L0, local_size L0/16
+        return dual_chunk.authors_defaults(pretrain)
+    if "group_size" in keys:  # Self-Extend: its authors' rule, W + (s L0 - W)/G <= 2/3 L0
+        return self_extend.authors_defaults(factor or 1.0, pretrain)
     window = max(1, pretrain // FAR_WINDOW_FRACTION)
     squeeze = (factor or 1.0) * pretrain - window  # distances beyond the window at the target length
-    rules = {"window": window, "group_size": max(1, math.ceil(squeeze / (pretrain - window)))}
-    extra = {key: value for key, value in rules.items() if key in keys}
+    extra = {"window": window} if "window" in keys else {}
     if "window" in keys and "factor" in keys and factor is not None:
         extra["factor"] = max(1.0, squeeze / (pretrain - window))  # leaky: the slope beyond the window
     return extra

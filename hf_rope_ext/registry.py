@@ -203,6 +203,8 @@ def _fits(value: Any, spec: Param) -> bool:
     """Whether one value has the spec's type and lies in its range (a list's items, for ``numbers``)."""
     if spec.kind == "bool":
         return isinstance(value, bool)
+    if spec.kind == "choice":
+        return isinstance(value, str) and value in spec.choices
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return False
     if spec.kind == "int" and not float(value).is_integer():

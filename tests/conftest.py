@@ -20,20 +20,43 @@ FAMILIES = {
 }
 # rope_type -> small parameters of each attention-level type for tiny models (windows shorter than the prompts)
 ATTENTION_PARAMS = {
+    "dual_chunk": {"chunk_size": 6, "local_size": 2},
     "rerope": {"window": 4},
     "leaky_rerope": {"window": 4, "factor": 3.0},
     "self_extend": {"window": 4, "group_size": 3},
+    "string": {"window": 4, "local_window": 1},
     "xpos": {"scale_base": 8.0},
     "roper": {"value_rotary_factor": 1.0},
 }
 # the same with windows of 5 over 40-token calls: the engines' tests (tests/test_attention_fast.py, _engines.py)
 ENGINE_PARAMS = {
+    "dual_chunk": {"chunk_size": 8, "local_size": 3},
     "rerope": {"window": 5},
     "leaky_rerope": {"window": 5, "factor": 2.5},
     "self_extend": {"window": 5, "group_size": 3},
+    "string": {"window": 5, "local_window": 2},
     "xpos": {"scale_base": 8.0},
     "roper": {"value_rotary_factor": 1.0},
 }
+
+
+def fast_plans(name: str) -> bool:
+    """Whether the fast engine plans the type's declaration (else ``sdpa`` runs the reference engine)."""
+    from hf_rope_ext import registry
+    from hf_rope_ext.attention.engine import fast
+    from hf_rope_ext.attention.methods.form import PLAIN
+
+    return fast.plan_of(registry.get_method(name).attention or PLAIN) is not None
+
+
+def with_rope(name: str, params: dict, **overrides) -> dict:
+    """``{"rope_type": name, **params, **overrides}``, STRING's ``local_window`` kept below an overridden window."""
+    rope = {"rope_type": name, **params, **overrides}
+    if "local_window" in rope and "window" in overrides:
+        rope["local_window"] = min(rope["local_window"], rope["window"] - 1)
+    return rope
+
+
 TINY = dict(
     vocab_size=97,
     hidden_size=64,

@@ -24,9 +24,11 @@ from hf_rope_ext.attention.methods.params import FAMILIES
 
 ATTENTION_METHODS = [m.name for m in registry.methods() if m.kind == "attention"]
 PARAMS = {  # every band matters in 24 tokens
+    "dual_chunk": {"chunk_size": 7, "local_size": 2},
     "rerope": {"window": 5},
     "leaky_rerope": {"window": 5, "factor": 2.5},
     "self_extend": {"window": 5, "group_size": 3},
+    "string": {"window": 5, "local_window": 2},
     "xpos": {"scale_base": 8.0, "gamma": 0.4},
     "roper": {"value_rotary_factor": 1.0},
 }

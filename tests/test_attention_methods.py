@@ -20,9 +20,11 @@ from hf_rope_ext.attention.engine import reference
 ATTENTION_METHODS = [m for m in registry.methods() if m.kind == "attention"]
 # parameters that make every band matter in 24 tokens
 PARAMS = {
+    "dual_chunk": {"chunk_size": 7, "local_size": 2},
     "rerope": {"window": 5},
     "leaky_rerope": {"window": 5, "factor": 2.5},
     "self_extend": {"window": 5, "group_size": 3},
+    "string": {"window": 5, "local_window": 2},
     "xpos": {"scale_base": 8.0, "gamma": 0.4},
     "roper": {"value_rotary_factor": 0.5},
 }
@@ -45,6 +47,14 @@ def distance(name: str, params: dict, m: torch.Tensor, n: torch.Tensor) -> torch
     if name == "self_extend":
         w, g = params["window"], params["group_size"]
         return torch.where(d < w, d, torch.floor(m / g) - torch.floor(n / g) + w - w // g)
+    if name == "dual_chunk":  # keys at n mod c; the query by chunk gap (intra, successive, inter)
+        size, c = params["chunk_size"], params["chunk_size"] - params["local_size"]
+        g = torch.floor(m / c) - torch.floor(n / c)
+        query = torch.where(g == 0, m % c, torch.where(g == 1, (m % c + c).clamp(max=size), min(2 * c - 1, size)))
+        return query - n % c
+    if name == "string":
+        shift, local = params["window"], params["local_window"]
+        return torch.where(d < shift, d, d - shift + local)
     return d
 
 

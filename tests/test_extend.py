@@ -6,12 +6,14 @@ import json
 import math
 import subprocess
 import sys
+from fractions import Fraction
 
 import pytest
 import torch
 from test_eval import L0, docs_dir, save_tiny, tiny_llama_config  # noqa: F401  (docs_dir is a fixture)
 
 from hf_rope_ext import extend, registry
+from hf_rope_ext.attention.methods import self_extend
 from hf_rope_ext.cli import main
 from hf_rope_ext.eval import load_model
 from hf_rope_ext.eval.runner import EvalPlan
@@ -34,13 +36,34 @@ def test_default_parameters_fit_the_target_length_into_the_pretrained_distances(
     window = L0 // extend.FAR_WINDOW_FRACTION
     for method in registry.methods():
         params = extend.default_parameters(method.name, L0, factor)
-        if "group_size" in params:  # self-extend: the smallest group that maps s L0 positions into L0
-            far = lambda g: window + (factor * L0 - window) / g  # noqa: E731
-            assert far(params["group_size"]) <= L0 and (params["group_size"] == 1 or far(params["group_size"] - 1) > L0)
-        if "window" in params and "factor" in params:  # leaky ReRoPE: the farthest distance lands on L0 exactly
+        if "group_size" in params:  # self-extend: its authors' rule, checked below
+            assert params == self_extend.authors_defaults(factor, L0)
+        elif "window" in params and "factor" in params:  # leaky ReRoPE: the farthest distance lands on L0 exactly
             assert window + (factor * L0 - window) / params["factor"] == pytest.approx(L0)
-        if "window" in params:
+        if "chunk_size" in params:  # Dual Chunk Attention: its authors' 3/4 L0 and L0/16
+            assert params == {"chunk_size": 3 * L0 // 4, "local_size": L0 // 16}
+        elif "local_window" in params:  # STRING: its authors' S = L0/3, W = 128 (at most S/2 for a short L0)
+            assert params == {"window": L0 // 3, "local_window": min(128, L0 // 6)}
+        elif "window" in params:
             assert params["window"] == window
+
+
+@pytest.mark.parametrize("pretrained", [64, 4096, 8192, 131072])
+@pytest.mark.parametrize("factor", [1.0, 1.5, 2.0, 4.0, 8.0, 16.0])
+def test_self_extend_defaults_follow_the_authors_rule(factor, pretrained):
+    """LongLM's README: (1/2 ~ 2/3) L0 > W + (N - W)/G; here W = L0/4 and the smallest G with at most 2/3 L0."""
+    params = self_extend.authors_defaults(factor, pretrained)
+    w, g, n = params["window"], params["group_size"], Fraction(factor) * pretrained
+    farthest = lambda group: w + (n - w) / group  # noqa: E731  (the largest distance beyond the window, exact)
+    assert w == pretrained // 4
+    assert farthest(g) <= Fraction(2, 3) * pretrained
+    assert g == 1 or farthest(g - 1) > Fraction(2, 3) * pretrained
+
+
+def test_self_extend_defaults_at_4k_and_8k():
+    """Worked values: a 4k model at 4x (16k) gets window 1024 and groups of 9; an 8k one at 2x groups of 5."""
+    assert self_extend.authors_defaults(4.0, 4096) == {"window": 1024, "group_size": 9}
+    assert self_extend.authors_defaults(2.0, 8192) == {"window": 2048, "group_size": 5}
 
 
 def test_method_runs_pair_each_factor_with_its_length():

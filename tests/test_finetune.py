@@ -383,6 +383,9 @@ REQUIRED_VALUES = {
     "high_freq_factor": 4.0,
     "scale_base": 512.0,
     "value_rotary_factor": 1.0,
+    "local_window": 2,
+    "chunk_size": 12,
+    "local_size": 4,
 }
 
 

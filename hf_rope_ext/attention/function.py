@@ -14,6 +14,7 @@ from .. import registry
 from ..models import unsupported_reason
 from .engine import fast, reference, rotated_cache
 from .engine.call import Call, crop_empty_slots, key_positions, query_positions
+from .engine.temperature import temper
 from .layer import Layer, resolve
 from .mask_formats import FLASH, FLEX, engine_mask
 
@@ -67,6 +68,7 @@ def make_call(layer: Layer, module, query, key, value, mask, position_ids, memor
     q_pos = query_positions(position_ids, batch, q_len)
     k_pos = key_positions(q_pos, mask, key.shape[2])
     inv_freq, score_scale, tag = layer.frequencies(module.config, k_pos, query.device)
+    query = temper(query, q_pos, layer.params, module.config)  # attention temperature (none: unchanged)
     return Call(
         query,
         key,

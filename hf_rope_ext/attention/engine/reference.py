@@ -23,7 +23,9 @@ SCORE_BUDGET = 2**26  # score elements per band and query chunk (256 MiB in floa
 
 
 def in_band(band: Band, call: Call, rows: slice) -> torch.Tensor | None:
-    """[B, 1, c, kv] bool: the pairs of query rows ``rows`` whose distance m - n falls in the band (None: all)."""
+    """[B, 1, c, kv] bool: the pairs of query rows ``rows`` in the band's key range (None: all)."""
+    if callable(band.keys):  # a declared range, e.g. by chunk gap
+        return band.keys(call.q_pos[:, rows, None], call.k_pos[:, None, :], call.params)[:, None]
     if band.keys == "all":
         return None
     d = call.q_pos[:, rows, None] - call.k_pos[:, None, :]
@@ -38,9 +40,13 @@ def positions(position_fn, p: torch.Tensor, params: dict) -> torch.Tensor:
 def band_keys(call: Call) -> list[torch.Tensor]:
     """Each band's keys [B, H, kv, d], rotated by its key positions (rotated once per call, shared by chunks)."""
     if "keys" not in call.state:
-        key = expand_heads(call.key, call.query.shape[1])
-        turned = [positions(band.key_position, call.k_pos, call.params) for band in call.form.bands]
-        call.state["keys"] = [rotate(key, p, call.inv_freq) for p in turned]
+        key, done = expand_heads(call.key, call.query.shape[1]), {}
+        for band in call.form.bands:  # bands sharing a key position (Dual Chunk Attention's) share the rotation
+            if band.key_position not in done:
+                done[band.key_position] = rotate(
+                    key, positions(band.key_position, call.k_pos, call.params), call.inv_freq
+                )
+        call.state["keys"] = [done[band.key_position] for band in call.form.bands]
     return call.state["keys"]
 
 

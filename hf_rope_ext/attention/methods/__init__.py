@@ -4,6 +4,14 @@ positions its queries and keys are rotated by, and how values and outputs are tr
 ``attention.engine`` runs every declaration, and nothing here imports torch (``hf-rope-ext list`` reads these
 modules); ``registry`` registers every one of ``METHODS``."""
 
-from . import leaky_rerope, rerope, roper, self_extend, xpos
+from . import dual_chunk, leaky_rerope, rerope, roper, self_extend, string, xpos
 
-METHODS = (leaky_rerope.METHOD, rerope.METHOD, roper.METHOD, self_extend.METHOD, xpos.METHOD)
+METHODS = (
+    dual_chunk.METHOD,
+    leaky_rerope.METHOD,
+    rerope.METHOD,
+    roper.METHOD,
+    self_extend.METHOD,
+    string.METHOD,
+    xpos.METHOD,
+)

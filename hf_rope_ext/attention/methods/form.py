@@ -4,7 +4,9 @@ A query at position m meets a key at position n (distance d = m - n, d >= 0 unde
 band, chosen by the band's key range:
 - ``"all"``: every key (one-band methods: xPos, RoPER, the dynamic frequency types rotated in attention);
 - ``"window"``: d < w, w = ``rope_parameters["window"]`` (the near band of the two-band methods);
-- ``"beyond"``: d >= w, i.e. keys n <= m - w: causal attention shifted by the window (the far band).
+- ``"beyond"``: d >= w, i.e. keys n <= m - w: causal attention shifted by the window (the far band);
+- a function ``keys(m [B, c, 1], n [B, 1, kv] int64, params) -> [B, c, kv] bool`` for bands chosen otherwise (Dual
+  Chunk Attention's by chunk gap); the reference engine runs these, the fast engine plans none of them.
 Within its band the pair is scored as plain RoPE with the query rotated by ``query_position(m)`` and the key by
 ``key_position(n)`` (None: the position itself), so the pair turns by (query_position(m) - key_position(n))
 theta_i. ReRoPE's far band rotates the query by w and leaves keys unrotated; Self-Extend groups both far positions
@@ -22,6 +24,7 @@ if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads the 
     from torch import Tensor
 
 PositionFn = Callable[["Tensor", dict], "Tensor"]  # (positions [B, L] int64, rope params) -> positions [B, L]
+KeyRange = Callable[["Tensor", "Tensor", dict], "Tensor"]  # (m [B, c, 1], n [B, 1, kv], params) -> [B, c, kv] bool
 
 
 def origin(positions: Tensor, params: dict) -> Tensor:
@@ -31,9 +34,10 @@ def origin(positions: Tensor, params: dict) -> Tensor:
 
 @dataclass(frozen=True)
 class Band:
-    """One score band: the keys it covers and the positions its queries and keys are rotated by."""
+    """One score band: the keys it covers and the positions its queries and keys are rotated by. The first band is
+    scored for every pair; a later one replaces it where its key range holds."""
 
-    keys: Literal["all", "window", "beyond"] = "all"
+    keys: Literal["all", "window", "beyond"] | KeyRange = "all"
     query_position: PositionFn | None = None  # None: the query's own position m
     key_position: PositionFn | None = None  # None: the key's own position n
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ...declare import RopeMethod
 from ...frequencies.common import plain_frequencies
 from .form import two_bands
-from .params import FACTOR, FAMILIES, WINDOWED, check_window
+from .params import FACTOR, FAMILIES, TEMPERATURE, WINDOWED, check_window
 
 if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
     from torch import Tensor
@@ -29,7 +29,7 @@ METHOD = RopeMethod(
     name="leaky_rerope",
     kind="attention",
     frequencies=plain_frequencies,
-    params={"factor": FACTOR, **WINDOWED},
+    params={"factor": FACTOR, **WINDOWED, **TEMPERATURE},
     summary="leaky ReRoPE: m-n inside the window, window + (m-n-window)/factor beyond",
     check=check_window,
     families=FAMILIES,

@@ -19,6 +19,19 @@ GROUP_SIZE = Param(
     default=REQUIRED, kind="int", minimum=1, help="beyond the window, positions are floor(pos/group_size)"
 )
 WINDOWED = {"window": WINDOW, "original_max_position_embeddings": ORIGINAL_MAX}
+# attention temperature, every attention-level type (``engine.temperature`` applies it to the queries)
+TEMPERATURE = {
+    "attention_temperature": Param(
+        default="none",
+        kind="choice",
+        choices=("none", "constant", "log"),
+        help="scores times (0.1 ln s + 1)^2 (constant: YaRN's attention factor on q and k, s = temperature_factor), "
+        "or the query at m times log_L0(m + 1) past L0 (log: Qwen's use_logn_attn); none: unchanged",
+    ),
+    "temperature_factor": Param(
+        default=None, minimum=1.0, help="s of attention_temperature='constant' (the extension factor); only then"
+    ),
+}
 
 
 def pretrained_length(params: dict, config) -> int:
@@ -27,9 +40,22 @@ def pretrained_length(params: dict, config) -> int:
 
 
 def check_family(params: dict, config) -> None:
-    """The model family must be one whose attention modules these methods were written and tested for."""
+    """The model family must be one whose attention modules these methods were written and tested for; the
+    attention temperature's two keys must agree (``check_temperature``)."""
     need = "is an attention-level type: it needs the attention modules these methods were written for"
     refuse_family(params, config, FAMILIES, need)
+    check_temperature(params)
+
+
+def check_temperature(params: dict) -> None:
+    """``temperature_factor`` is given exactly when ``attention_temperature`` is "constant"."""
+    mode, factor = params.get("attention_temperature") or "none", params.get("temperature_factor")
+    if (mode == "constant") == (factor is None):
+        need = "required" if factor is None else "allowed only"
+        raise ValueError(
+            f"rope_parameters['temperature_factor']={factor!r} with rope_parameters['attention_temperature']="
+            f"{mode!r}: temperature_factor (s >= 1) is {need} with attention_temperature='constant'"
+        )
 
 
 def check_window(params: dict, config) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ...declare import RopeMethod
 from ...frequencies.common import plain_frequencies
 from .form import origin, two_bands
-from .params import FAMILIES, WINDOWED, check_window
+from .params import FAMILIES, TEMPERATURE, WINDOWED, check_window
 
 if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
     from torch import Tensor
@@ -24,7 +24,7 @@ METHOD = RopeMethod(
     name="rerope",
     kind="attention",
     frequencies=plain_frequencies,
-    params=dict(WINDOWED),
+    params={**WINDOWED, **TEMPERATURE},
     summary="ReRoPE: relative distance min(m-n, window)",
     check=check_window,
     families=FAMILIES,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...declare import REQUIRED, Param, RopeMethod
 from ...frequencies.common import plain_frequencies
 from .form import AttentionForm, ValueTurn
-from .params import FAMILIES, check_family
+from .params import FAMILIES, TEMPERATURE, check_family
 
 
 def check_roper(params: dict, config) -> None:
@@ -43,7 +43,8 @@ METHOD = RopeMethod(
             default=REQUIRED,
             exclusive_minimum=0,
             help="fraction of the rotary dims whose values are turned too (labml's rope_value_percentage), <= 1",
-        )
+        ),
+        **TEMPERATURE,
     },
     summary="RoPER: values rotated by position, output rotated back by the query's (needs training)",
     check=check_roper,

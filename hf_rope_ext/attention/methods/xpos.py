@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ...declare import REQUIRED, Param, RopeMethod
 from ...frequencies.common import plain_frequencies
 from .form import AttentionForm, Decay
-from .params import FAMILIES, check_family
+from .params import FAMILIES, TEMPERATURE, check_family
 
 if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
     from torch import Tensor
@@ -36,6 +36,7 @@ METHOD = RopeMethod(
             help="positions per decay step s, as the model was trained with (the paper and torchscale use 512)",
         ),
         "gamma": Param(default=0.4, exclusive_minimum=0, help="zeta_i = (2i/d + gamma)/(1 + gamma)"),
+        **TEMPERATURE,
     },
     summary="xPos: RoPE scores decayed by zeta_i^((m-n)/scale_base) per pair (needs a model trained with it)",
     check=check_family,

@@ -1,0 +1,68 @@
+"""``string``: STRING, ShifTed Rotary position embeddING (An et al. 2024, "Why Does the Effective Context Length of
+LLMs Fall Short?", arXiv 2410.18745; authors' code HKUNLP/STRING ``string_for_llama.py``).
+
+With S = ``window`` (the authors' ``shifted_offset``) and W = ``local_window`` (their ``small_local_value``), a
+query at m and a key at n (d = m - n) are at distance d for d < S and d - S + W for d >= S: the far keys reuse the
+well-trained distances from W on, in place of the large ones the model saw too rarely. A two-band declaration: the
+near band is plain RoPE (d < S), the far band rotates the query by m - S + W and the key by n.
+
+The authors' defaults: S = L0/3 (``shifted_offset=int(0.33 * L)``), W = 128 (README: 128, 256 or 512); their
+code also multiplies cos and sin by 0.1 ln 2 + 1 (here ``attention_temperature="constant"``,
+``temperature_factor=2``). Their flash-attention version lets the key at d = S into both bands
+(``window_size=[S, 0]`` beside the shifted causal piece); this follows the paper's position matrix, where each key
+has one distance.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...declare import REQUIRED, Param, RopeMethod
+from ...frequencies.common import plain_frequencies
+from .form import two_bands
+from .params import FAMILIES, TEMPERATURE, WINDOWED, check_window
+
+if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
+    from torch import Tensor
+
+LOCAL_WINDOW = Param(
+    default=REQUIRED,
+    kind="int",
+    minimum=0,
+    help="W: beyond the shift, distances restart at W (d - window + W); below window (the authors use 128)",
+)
+
+
+def far_query(m: Tensor, params: dict) -> Tensor:
+    """m - S + W: the query moved back by S - W."""
+    return m - (int(params["window"]) - int(params["local_window"]))
+
+
+def far_key(n: Tensor, params: dict) -> Tensor:
+    """The key at its own position n."""
+    return n
+
+
+def check_string(params: dict, config) -> None:
+    """S at most L0 (``check_window``), W below S."""
+    check_window(params, config)
+    shift, local = params.get("window"), params.get("local_window")
+    if shift is not None and local is not None and not local < shift:
+        raise ValueError(
+            f"rope_parameters['local_window']={local!r} is not below rope_parameters['window']={shift!r} for "
+            "rope_type='string': allowed 0 <= local_window < window (distances beyond the shift restart at "
+            "local_window)"
+        )
+
+
+METHOD = RopeMethod(
+    name="string",
+    kind="attention",
+    frequencies=plain_frequencies,
+    params={**WINDOWED, "local_window": LOCAL_WINDOW, **TEMPERATURE},
+    summary="STRING: distance m-n below window (the shift S), m-n-window+local_window beyond",
+    check=check_string,
+    families=FAMILIES,
+    example={"window": 16, "local_window": 4},
+    attention=two_bands(far_query, far_key),
+)

@@ -1,0 +1,86 @@
+"""``dual_chunk`` (Dual Chunk Attention, arXiv 2402.17463) against its authors' position rule: the relative
+position of every (query, key) pair written entry by entry from HKUNLP/ChunkLlama ``chunkllama_attn_replace.py``
+(keys at n mod c; the query at m mod c, min(m mod c + c, chunk_size) or the successive query of a chunk's last
+row, by chunk gap), attention computed from it pair by pair in float64, and bad input refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_config, tiny_model
+from huggingface_hub.errors import StrictDataclassError
+from test_method_string import attention_by_distance, layer_inputs
+
+LENGTH = 24
+
+
+def paper_positions(length: int, size: int, local: int) -> torch.Tensor:
+    """P[m][n] (m >= n): intra-chunk m - n; successive chunk min(m % c + c, size) - n % c; farther chunks
+    qc[c - 1] - n % c, qc[i] = min(i + c, size) the successive query positions (c = size - local)."""
+    c = size - local
+    qc = [min(i + c, size) for i in range(c)]
+
+    def relative(m: int, n: int) -> int:
+        gap = m // c - n // c
+        if gap == 0:
+            return m - n
+        return (qc[m % c] if gap == 1 else qc[c - 1]) - n % c
+
+    rows = [[relative(m, n) if n <= m else 0 for n in range(length)] for m in range(length)]
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("size, local", [(7, 2), (7, 4), (6, 0), (10, 3), (30, 8)])
+def test_attention_equals_the_authors_position_matrix(size, local, implementation):
+    rope = {"rope_type": "dual_chunk", "chunk_size": size, "local_size": local}
+    model = tiny_model("llama", rope, num_hidden_layers=1, num_key_value_heads=4, attn_implementation=implementation)
+    ids = torch.randint(3, 97, (2, LENGTH), generator=torch.Generator().manual_seed(4))
+    out = {}
+    hook = model.model.layers[0].self_attn.o_proj.register_forward_hook(lambda m, a, o: out.setdefault("x", a[0]))
+    with torch.no_grad():
+        model(ids)
+        q, k, v = layer_inputs(model, ids)
+    hook.remove()
+    dim = q.shape[-1]
+    theta = 1.0 / 10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    expected = attention_by_distance(q, k, v, paper_positions(LENGTH, size, local), theta, dim**-0.5)
+    got = out["x"].view(2, LENGTH, -1, dim).transpose(1, 2)
+    torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
+
+
+def test_no_distance_exceeds_the_chunk_size_and_a_chunk_keeps_its_order():
+    p = paper_positions(40, 7, 2)  # c = 5
+    assert p.max() <= 7 and p.min() >= 0
+    assert p[9, 5] == 4 and p[10, 9] == 5 - 4 and p[39, 0] == 7  # intra exact; successive; inter at size
+    assert paper_positions(40, 7, 4)[39, 0] == 5  # c = 3: inter at 2c - 1 = 5 < chunk_size
+
+
+BAD = [  # (rope_parameters, key named, what the message says); tiny configs have L0 = 64
+    ({"rope_type": "dual_chunk", "chunk_size": 64, "local_size": 4}, "chunk_size", "chunk_size < 64"),
+    (
+        {"rope_type": "dual_chunk", "chunk_size": 40, "local_size": 4, "original_max_position_embeddings": 32},
+        "chunk_size",
+        "chunk_size < 32",
+    ),  # fmt: skip
+    ({"rope_type": "dual_chunk", "chunk_size": 8, "local_size": 8}, "local_size", "0 <= local_size < chunk_size"),
+    ({"rope_type": "dual_chunk", "chunk_size": 8, "local_size": 9}, "local_size", "0 <= local_size < chunk_size"),
+    ({"rope_type": "dual_chunk", "chunk_size": 8, "local_size": -1}, "local_size", ">= 0"),
+    ({"rope_type": "dual_chunk", "chunk_size": 8.5, "local_size": 2}, "chunk_size", "integer"),
+]
+
+
+@pytest.mark.parametrize("params, key, allowed", BAD, ids=lambda x: str(x))
+def test_bad_parameters_are_named_before_any_work(params, key, allowed):
+    with pytest.raises((ValueError, StrictDataclassError)) as excinfo:
+        tiny_config(rope_parameters=params)
+    err = excinfo.value
+    text = f"{err} {err.__cause__ or ''}"
+    assert f"'{key}'" in text and allowed in text and repr(params[key]) in text
+
+
+@pytest.mark.parametrize("key", ["chunk_size", "local_size"])
+def test_a_missing_parameter_is_a_key_error(key):
+    params = {"rope_type": "dual_chunk", "chunk_size": 8, "local_size": 2}
+    with pytest.raises(KeyError, match=f"'{key}'"):
+        tiny_config(rope_parameters={k: v for k, v in params.items() if k != key})
