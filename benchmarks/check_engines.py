@@ -2,8 +2,8 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/check_engines.py --device cuda [--json OUT.json]
 
-For every attention-level rope type (``bench_attention.TYPES``: the attention module of a one-layer Llama, 32 / 8
-heads), the call transformers makes is run through the fast engine (on CUDA: compiled flex_attention over block
+For every attention-level rope type the fast engine plans (``bench_attention.TYPES`` and ``string``: the attention
+module of a one-layer Llama, 32 / 8 heads; ``dual_chunk`` runs the reference engine under every implementation), the call transformers makes is run through the fast engine (on CUDA: compiled flex_attention over block
 masks) and compared with the reference engine (``"eager"``: dense scores) run in float32 on the same inputs:
 - ``prefill``: ``--length`` tokens, no mask; ``padded``: a batch of 2, the second left-padded by a quarter, a 4D
   bool mask (as sdpa gets it);
@@ -117,10 +117,13 @@ def backward_case(module, args, dtype) -> float:
     return max(error(g, e) for g, e in zip(grads["sdpa"], grads["eager"], strict=True))
 
 
+CHECKED = {**TYPES, "string": {"rope_type": "string", "window": 1024, "local_window": 128}}
+
+
 def check(args) -> list[dict]:
     AttentionInterface.register(TIMED, timed_sdpa(args.device))  # the implementation bench_attention's modules name
     records = []
-    for name, rope in TYPES.items():
+    for name, rope in CHECKED.items():
         if name == "default":
             continue
         for dtype_name in args.dtypes:
