@@ -2,9 +2,10 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/check_engines.py --device cuda [--json OUT.json]
 
-For every attention-level rope type the fast engine plans (``bench_attention.TYPES`` and ``string``: the attention
-module of a one-layer Llama, 32 / 8 heads; ``dual_chunk`` runs the reference engine under every implementation), the call transformers makes is run through the fast engine (on CUDA: compiled flex_attention over block
-masks) and compared with the reference engine (``"eager"``: dense scores) run in float32 on the same inputs:
+For every attention-level rope type (``bench_attention.TYPES``, ``string`` and ``dual_chunk``: the attention module
+of a one-layer Llama, 32 / 8 heads, L0 4096), the call transformers makes is run through the fast engine (on CUDA:
+compiled flex_attention over block masks; ``dual_chunk`` with a mask runs the reference engine) and compared with
+the reference engine (``"eager"``: dense scores) run in float32 on the same inputs:
 - ``prefill``: ``--length`` tokens, no mask; ``padded``: a batch of 2, the second left-padded by a quarter, a 4D
   bool mask (as sdpa gets it);
 - ``flash`` and ``flex``: the padded batch as transformers hands it to ``"flash_attention_2"`` (a 2D mask) and to
@@ -117,7 +118,11 @@ def backward_case(module, args, dtype) -> float:
     return max(error(g, e) for g, e in zip(grads["sdpa"], grads["eager"], strict=True))
 
 
-CHECKED = {**TYPES, "string": {"rope_type": "string", "window": 1024, "local_window": 128}}
+CHECKED = {
+    **TYPES,
+    "string": {"rope_type": "string", "window": 1024, "local_window": 128},
+    "dual_chunk": {"rope_type": "dual_chunk", "chunk_size": 3072, "local_size": 256},
+}
 
 
 def check(args) -> list[dict]:

@@ -4,8 +4,9 @@ it, with no dense [q, kv] score or mask, on every device with a kernel in ``kern
 Which plan runs: one-band forms (xPos, RoPER, plain RoPE of the dynamic types) ``single_band``; two-band forms
 (near band ``"window"`` at true positions, far band ``"beyond"``) ``decode.two_band_decode`` for one query after
 a long cache, ``two_band.two_band_regular`` for regular positions without a mask, ``masked.two_band_masked``
-otherwise. Not taken (``run`` returns None, the reference engine runs): dropout while training, a device without
-a kernel, a declaration none of these plans covers.
+otherwise; chunked forms (Dual Chunk Attention) ``chunk_bands.chunked`` on regular positions without a mask, the
+same in every row. Not taken (``run`` returns None, the reference engine runs): dropout while training, a device
+without a kernel, a declaration none of these plans covers, a chunked form with a mask or irregular positions.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from ..methods.form import AttentionForm, Band
 from .call import Call
+from .chunk_bands import chunked, same_rows
 from .decode import decoding, two_band_decode
 from .kernels import kernel_for
 from .masked import two_band_masked
@@ -25,8 +27,10 @@ from .two_band import two_band_regular
 
 @functools.cache
 def plan_of(form: AttentionForm) -> str | None:
-    """The fast plan of a declaration: "single", "two" or None (none); computed once per declaration."""
+    """The fast plan of a declaration: "single", "two", "chunks" or None (none); computed once per declaration."""
     bands = form.bands
+    if form.chunks is not None and len(bands) == 3 and len({b.key_position for b in bands}) == 1:
+        return "chunks" if form.decay is None and form.values is None else None
     if len(bands) == 1 and bands[0].keys == "all" and bands[0].query_position is bands[0].key_position is None:
         return "single"
     if len(bands) == 2 and bands[0] == Band("window") and bands[1].keys == "beyond" and form.far is bands[1]:
@@ -52,6 +56,9 @@ def run(call: Call, module, mask, causal: bool, scale: float, dropout: float, tr
         return None
     if kind == "single":
         return single_band(call, mask, causal, scale)
+    if kind == "chunks":
+        plain = mask is None and causal and regular(call, mask) and same_rows(call)
+        return chunked(call, scale) if plain else None
     if mask is None and causal and regular(call, mask):
         return two_band_decode(call, scale) if decoding(call) else two_band_regular(call, scale)
     offset = call.key.shape[2] - call.query.shape[2]

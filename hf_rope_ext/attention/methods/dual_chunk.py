@@ -8,8 +8,9 @@ query's position depends on the chunk gap g = floor(m/c) - floor(n/c):
 - g = 1 (successive chunk): min(m mod c + c, chunk_size);
 - g >= 2 (inter-chunk): min(2c - 1, chunk_size), the successive query's position for the last row of a chunk
   (the code's ``qc_t[chunk_len - 1]``); that is chunk_size whenever local_size < c, as with the authors' defaults.
-No distance exceeds chunk_size, so chunk_size must be below L0. Bands by chunk gap: the reference engine runs them
-(the fast engine plans none; ``"sdpa"`` falls back to it). The authors' defaults: chunk_size 3/4 L0 and local_size
+No distance exceeds chunk_size, so chunk_size must be below L0. Bands by chunk gap, declared with ``chunks``: the
+reference engine runs them pair by pair, the fast engine as three standard attention pieces per chunk of queries
+(``engine/chunk_bands.py``) on regular positions. The authors' defaults: chunk_size 3/4 L0 and local_size
 L0/16 (``chunkqwen_attn_replace.py``; L0/8 in ``chunkllama_attn_replace.py``); their code also scales cos and sin
 by 0.05 ln(N/L0) + 1 (an attention temperature, not part of this type).
 """
@@ -116,6 +117,7 @@ METHOD = RopeMethod(
             Band(intra, intra_query, key_position),
             Band(successive, successive_query, key_position),
             Band(inter, inter_query, key_position),
-        )
+        ),
+        chunks=chunk,
     ),
 )

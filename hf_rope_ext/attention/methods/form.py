@@ -67,6 +67,9 @@ class AttentionForm:
     bands: tuple[Band, ...] = (Band(),)
     decay: Decay | None = None
     values: ValueTurn | None = None
+    # chunks(params) = c: the bands are the chunk gaps 0, 1 and >= 2 of chunks of c positions, in that order, all
+    # keys rotated by one key_position (Dual Chunk Attention); the fast engine plans such a form chunk by chunk
+    chunks: Callable[[dict], int] | None = None
 
     @property
     def far(self) -> Band | None:
