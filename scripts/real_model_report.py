@@ -15,6 +15,10 @@ already there) and ``report.md`` (the README table). The ``lora`` cell reads the
 ``examples/smollm2-yarn4-pose-lora``, trained by ``finetune`` with yarn x4 and PoSE) merged into its base, with the
 base model's sliding-window baseline.
 
+A method may carry an attention temperature: ``dual_chunk+log:4:1key`` runs ``dual_chunk`` with
+``attention_temperature="log"`` (``+constant``: the constant (0.1 ln s + 1)^2 with s the cell's factor).
+Results go to ``docs/results/real-model/`` by default, committed, so every README figure can be checked there.
+
 Three keys per prompt test two things at once: finding a key far back and telling planted keys apart by the object
 they name. A method that gives every distant token the same position (ReRoPE beyond its window) or a coarse one
 (Self-Extend's groups) keeps the first and loses the second, so the ``:1key`` cells (``--cells rerope:2:1key``) ask
@@ -49,8 +53,14 @@ CELLS = [
 # single-key cells "method:factor:1key" (method, factor, prompts of 1 key): the classic probe, one forward each, at
 # s x L0 only; they separate finding a key from telling three planted keys apart (module docstring)
 SINGLE = [(m, 2, 10) for m in ("rerope", "self_extend", "yarn", "none")] + [(m, 4, 5) for m in ("self_extend", "yarn")]
+# the newer training-free methods, alone and with an attention temperature: the classic probe first (cheapest)
+NEWER = ("dual_chunk", "dual_chunk+log", "string", "string+constant", "self_extend+log")
+SINGLE += [(m, s, 10) for s in (4, 2) for m in NEWER if not (s == 4 and m.startswith("string"))]
+CELLS += [(m, s, 7 if s == 2 else 4) for s in (4, 2) for m in NEWER if not (s == 4 and m.startswith("string"))]
+TEMPERATURES = ("log", "constant")
 ADAPTER = Path(__file__).resolve().parent.parent / "examples" / "smollm2-yarn4-pose-lora"
 FAR_STRIDE = 1024
+RESULTS = "docs/results/real-model"  # committed: the figures behind README's real-model table
 COMMAND = (
     "hf-rope-ext extend --model {model} --methods {method} --factors {factor} --documents 1 --last-chunk 0 "
     "--passkey-depths 0 --passkey-prompts {prompts} --far-stride 1024 --data python-docs --dtype bfloat16"
@@ -78,11 +88,13 @@ def baseline(folder, config, documents, factor: int, done: dict) -> float:
     return done[key]
 
 
-def merged(adapter: Path, base: Path, out: Path) -> Path:
-    """The adapter merged into its base (its config's rope parameters kept), saved once under ``out``."""
+def merged(adapter: Path, base: Path) -> Path:
+    """The adapter merged into its base (its config's rope parameters kept), saved once in the package's cache (not
+    beside the committed results)."""
+    from hf_rope_ext.from_gguf import cache_root
     from hf_rope_ext.train.prepare import load_adapter
 
-    target = out / f"merged-{adapter.name}"
+    target = cache_root() / "merged" / adapter.name
     if not (target / "config.json").is_file():
         model = load_adapter(str(adapter), base=str(base)).merge_and_unload()
         model.save_pretrained(target)
@@ -90,33 +102,47 @@ def merged(adapter: Path, base: Path, out: Path) -> Path:
     return target
 
 
+def split_method(method: str, factor: float) -> tuple[str | None, dict, str]:
+    """'type[+temperature]' -> (rope_type or None, extra rope parameters, the row's label)."""
+    name, _, temperature = method.partition("+")
+    rope_type = None if name in ("none", "lora") else name
+    if not temperature:
+        return rope_type, {}, label(rope_type)
+    if temperature not in TEMPERATURES:
+        raise ValueError(f"cell method {method!r}: the temperature after '+' must be one of {list(TEMPERATURES)}")
+    extra = {"attention_temperature": temperature}
+    extra |= {"temperature_factor": float(factor)} if temperature == "constant" else {}
+    return rope_type, extra, f"{label(rope_type)} + {temperature} temperature"
+
+
 def run_single_key_cell(folder, config, tokenizer, cell) -> list[dict]:
     """Pass keys by generation with one key per prompt, at factor x L0 tokens only (no perplexity, no 8k run)."""
     method, factor, prompts = cell
-    rope_type = None if method == "none" else method
-    params = extend.run_parameters(config, rope_type, float(factor), 8192)
+    rope_type, extra, name = split_method(method, factor)
+    params = extend.run_parameters(config, rope_type, float(factor), 8192, extra)
     start = time.perf_counter()
     model = loading.load_model(folder, params, dtype=torch.bfloat16)
     found = multikey_accuracy(model, tokenizer, factor * 8192, prompts, keys=1)
-    record = {"rope_type": label(rope_type), "length": factor * 8192, "rope_parameters": params, **found}
+    record = {"rope_type": name, "length": factor * 8192, "rope_parameters": params, **found}
     extra = {"cell_seconds": round(time.perf_counter() - start), "keys_per_prompt": 1, "cell_factor": factor}
     return [{**record, **extra, "command": SINGLE_COMMAND.format(method=method, factor=factor, prompts=prompts)}]
 
 
-def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Path, out: Path) -> list[dict]:
+def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Path) -> list[dict]:
     method, factor, prompts = cell
     far = baseline(folder, config, documents, factor, done)
-    rope_type = None if method in ("none", "lora") else method
-    model = merged(adapter, folder, out) if method == "lora" else folder
+    rope_type, extra, name = split_method(method, factor)
+    model = merged(adapter, folder) if method == "lora" else folder
     start = time.perf_counter()
-    args = (documents, rope_type, [float(factor)], plan(prompts), True, None, far, "bfloat16")
+    args = (documents, rope_type, [float(factor)], plan(prompts), True, extra or None, far, "bfloat16")
     records = extend.evaluate_method(model, config, tokenizer, *args)
-    if method == "lora":
-        records = [{**r, "rope_type": "yarn x4 + PoSE LoRA"} for r in records]
+    if method == "lora" or extra:
+        records = [{**r, "rope_type": "yarn x4 + PoSE LoRA" if method == "lora" else name} for r in records]
     extra = {
         "cell_seconds": round(time.perf_counter() - start),
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-        "command": COMMAND.format(model="<smollm2>", method=method, factor=factor, prompts=prompts)
+        "command": COMMAND.format(model="<smollm2>", method=rope_type, factor=factor, prompts=prompts)
+        + "".join(f" --rope-param {k}={v}" for k, v in extra.items())
         if method != "lora"
         else f"python scripts/real_model_report.py --cells lora:4 --adapter {adapter}",
     }
@@ -179,7 +205,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model folder (default: SmolLM2 from `hf-rope-ext get-smollm2`)")
     parser.add_argument("--cells", nargs="+", default=None, help="method:factor cells to run (default: all)")
-    parser.add_argument("--out", type=Path, default=Path("runs/real-model"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / RESULTS)
     parser.add_argument("--adapter", type=Path, default=ADAPTER, help="the adapter of the lora cell")
     args = parser.parse_args()
     folder = Path(args.model) if args.model else smollm2.ensure()
@@ -199,7 +225,7 @@ def main() -> None:
             done[key] = (
                 run_single_key_cell(folder, config, tokenizer, cell)
                 if key.endswith(":1key")
-                else run_cell(folder, config, tokenizer, documents, cell, done, args.adapter, args.out)
+                else run_cell(folder, config, tokenizer, documents, cell, done, args.adapter)
             )
             results.write_text(json.dumps(done, indent=1) + "\n")
             print(f"{key}: {done[key][-1]['cell_seconds']} s", flush=True)
