@@ -13,6 +13,20 @@ from .sources import read_config
 
 KEPT_KEYS = ("rope_theta", "partial_rotary_factor")
 ORIGINAL = "original_max_position_embeddings"
+# rope types whose parameters a config may declare elsewhere: (the config attribute, the keys taken from it); Qwen's
+# Dual Chunk Attention configs (Qwen2.5-1M) hold {chunk_size, local_size, original_max_position_embeddings}
+DECLARED = {"dual_chunk": ("dual_chunk_attention_config", ("chunk_size", "local_size", ORIGINAL))}
+
+
+def declared_parameters(config, rope_type: str) -> dict:
+    """The parameters of ``rope_type`` that ``config`` declares outside rope_parameters (``DECLARED``), or {}."""
+    attribute, keys = DECLARED.get(rope_type, (None, ()))
+    found = getattr(config, attribute, None) if attribute else None
+    if found is None:
+        return {}
+    if not isinstance(found, dict):
+        raise ValueError(f"config.{attribute}={found!r}: expected a dict with keys {list(keys)}")
+    return {key: found[key] for key in keys if found.get(key) is not None}
 
 
 def _flat_rope_parameters(config) -> dict:
@@ -52,11 +66,13 @@ def rope_parameters_for(source: Any, rope_type: str | None, **params: Any) -> di
     """``rope_parameters`` for ``source`` (a config, a model directory, a GGUF file or a Hub repo id) switched to
     ``rope_type``.
 
-    Keeps the saved base (``rope_theta``) and ``partial_rotary_factor``; sets
-    ``original_max_position_embeddings`` to the saved pretraining length (``max_position_embeddings`` unless the
-    saved parameters name one) when the type takes it and it is not given. The result is validated as every rope
-    dict of the package is (``registry.validate``): a key the type does not take, a value of the wrong type or out of
-    range, or parameters that contradict each other raise an error naming the key, the value and what is allowed.
+    Keeps the saved base (``rope_theta``) and ``partial_rotary_factor``; takes what the config declares for the type
+    elsewhere as defaults (``dual_chunk``: a Qwen config's ``dual_chunk_attention_config``, read only when that type
+    is asked for); sets ``original_max_position_embeddings`` to the saved pretraining length
+    (``max_position_embeddings`` unless the saved parameters name one) when the type takes it and it is not given.
+    The result is validated as every rope dict of the package is (``registry.validate``): a key the type does not
+    take, a value of the wrong type or out of range, or parameters that contradict each other raise an error naming
+    the key, the value and what is allowed.
     ``rope_type=None`` returns the saved parameters unchanged.
     """
     config = read_config(source)
@@ -66,10 +82,9 @@ def rope_parameters_for(source: Any, rope_type: str | None, **params: Any) -> di
     keys = accepted_keys(rope_type)
     merged = {k: saved[k] for k in KEPT_KEYS if saved.get(k) is not None}
     merged["rope_type"] = rope_type
-    if "original_max_position_embeddings" in keys and params.get("original_max_position_embeddings") is None:
-        merged["original_max_position_embeddings"] = int(
-            saved.get("original_max_position_embeddings") or config.max_position_embeddings
-        )
+    merged.update(declared_parameters(config, rope_type))
+    if ORIGINAL in keys and ORIGINAL not in merged and params.get(ORIGINAL) is None:
+        merged[ORIGINAL] = int(saved.get("original_max_position_embeddings") or config.max_position_embeddings)
     merged.update({k: v for k, v in params.items() if v is not None})
     registry.validate(merged, config)
     return merged

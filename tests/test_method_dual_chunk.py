@@ -10,6 +10,9 @@ import torch
 from conftest import tiny_config, tiny_model
 from huggingface_hub.errors import StrictDataclassError
 from test_method_string import attention_by_distance, layer_inputs
+from transformers import AutoModelForCausalLM
+
+from hf_rope_ext import rope_parameters_for
 
 LENGTH = 24
 
@@ -84,3 +87,25 @@ def test_a_missing_parameter_is_a_key_error(key):
     params = {"rope_type": "dual_chunk", "chunk_size": 8, "local_size": 2}
     with pytest.raises(KeyError, match=f"'{key}'"):
         tiny_config(rope_parameters={k: v for k, v in params.items() if k != key})
+
+
+def test_a_qwen_config_declaring_dual_chunk_gives_the_logits_of_the_same_values_passed_explicitly(tmp_path):
+    """A Qwen2.5-1M style config.json carries ``dual_chunk_attention_config``: ``rope_parameters_for(path,
+    "dual_chunk")`` takes its values (loading without asking for the type stays as transformers has it)."""
+    declared = {"chunk_size": 40, "local_size": 8, "original_max_position_embeddings": 64}
+    model = tiny_model("qwen2", seed=3, dual_chunk_attention_config=declared)
+    model.save_pretrained(tmp_path)
+    taken = rope_parameters_for(tmp_path, "dual_chunk")
+    assert {k: taken[k] for k in declared} == declared
+    explicit = rope_parameters_for(tmp_path, "dual_chunk", chunk_size=40, local_size=8)
+    ids = torch.randint(3, 97, (1, 100), generator=torch.Generator().manual_seed(0))
+    logits = []
+    for params in (taken, explicit, {**explicit, "chunk_size": 41}):
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path, rope_parameters=params, attn_implementation="sdpa")
+        with torch.no_grad():
+            logits.append(loaded(ids).logits)
+    assert torch.equal(logits[0], logits[1]) and not torch.allclose(logits[0], logits[2])
+    stock = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert stock.config.rope_parameters["rope_type"] == "default"
+    with pytest.raises(ValueError, match=r"dual_chunk_attention_config=7: expected a dict"):
+        rope_parameters_for(tiny_config("qwen2", dual_chunk_attention_config=7), "dual_chunk")
