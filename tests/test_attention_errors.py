@@ -23,6 +23,7 @@ def error_text(excinfo) -> str:
     return f"{err} {err.__cause__ or ''}"
 
 
+ORIGINAL = "original_max_position_embeddings"
 BAD = [  # (rope_parameters, key named, what the message must also say); tiny configs have L0 = 64
     ({"rope_type": "rerope", "window": 0}, "window", ">= 1"),
     ({"rope_type": "rerope", "window": 2.5}, "window", "integer"),
@@ -35,6 +36,18 @@ BAD = [  # (rope_parameters, key named, what the message must also say); tiny co
     ({"rope_type": "roper", "value_rotary_factor": 1.5}, "value_rotary_factor", "0 < f <= 1"),
     ({"rope_type": "roper", "value_rotary_factor": 0}, "value_rotary_factor", "> 0"),
     ({"rope_type": "xpos", "scale_base": -1}, "scale_base", "> 0"),
+    ({"rope_type": "string", "window": 65, "local_window": 4}, "window", "1 <= window <= 64"),
+    ({"rope_type": "string", "window": 40, "local_window": 4, "original_max_position_embeddings": 32}, "window", "32"),
+    ({"rope_type": "string", "window": 8, "local_window": 8}, "local_window", "0 <= local_window < window"),
+    ({"rope_type": "string", "window": 8, "local_window": 12}, "local_window", "0 <= local_window < window"),
+    ({"rope_type": "string", "window": 8, "local_window": -1}, "local_window", ">= 0"),
+    ({"rope_type": "string", "window": 0, "local_window": 0}, "window", ">= 1"),
+    ({"rope_type": "dual_chunk", "chunk_size": 64, "local_size": 4}, "chunk_size", "chunk_size < 64"),
+    ({"rope_type": "dual_chunk", "chunk_size": 40, "local_size": 4, ORIGINAL: 32}, "chunk_size", "chunk_size < 32"),
+    ({"rope_type": "dual_chunk", "chunk_size": 8, "local_size": 8}, "local_size", "0 <= local_size < chunk_size"),
+    ({"rope_type": "dual_chunk", "chunk_size": 8, "local_size": 9}, "local_size", "0 <= local_size < chunk_size"),
+    ({"rope_type": "dual_chunk", "chunk_size": 8, "local_size": -1}, "local_size", ">= 0"),
+    ({"rope_type": "dual_chunk", "chunk_size": 8.5, "local_size": 2}, "chunk_size", "integer"),
 ]
 
 
@@ -54,6 +67,10 @@ def test_bad_parameters_name_key_value_and_what_is_allowed(params, key, allowed)
         ("self_extend", "group_size"),
         ("xpos", "scale_base"),
         ("roper", "value_rotary_factor"),
+        ("string", "window"),
+        ("string", "local_window"),
+        ("dual_chunk", "chunk_size"),
+        ("dual_chunk", "local_size"),
     ],
 )
 def test_missing_required_parameter_is_a_key_error(name, key):
