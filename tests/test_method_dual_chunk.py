@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_config, tiny_model
-from test_method_string import attention_by_distance, layer_inputs
+from position_reference import layer_output_and_reference
 from transformers import AutoModelForCausalLM
 
 from hf_rope_ext import rope_parameters_for
@@ -36,19 +36,8 @@ def paper_positions(length: int, size: int, local: int) -> torch.Tensor:
 @pytest.mark.parametrize("size, local", [(7, 2), (7, 4), (6, 0), (10, 3), (30, 8)])
 def test_attention_equals_the_authors_position_matrix(size, local, implementation):
     rope = {"rope_type": "dual_chunk", "chunk_size": size, "local_size": local}
-    model = tiny_model("llama", rope, num_hidden_layers=1, num_key_value_heads=4, attn_implementation=implementation)
-    ids = torch.randint(3, 97, (2, LENGTH), generator=torch.Generator().manual_seed(4))
-    out = {}
-    hook = model.model.layers[0].self_attn.o_proj.register_forward_hook(lambda m, a, o: out.setdefault("x", a[0]))
-    with torch.no_grad():
-        model(ids)
-        q, k, v = layer_inputs(model, ids)
-    hook.remove()
-    dim = q.shape[-1]
-    theta = 1.0 / 10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    expected = attention_by_distance(q, k, v, paper_positions(LENGTH, size, local), theta, dim**-0.5)
-    got = out["x"].view(2, LENGTH, -1, dim).transpose(1, 2)
-    torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
+    got, expected = layer_output_and_reference(rope, implementation, paper_positions(LENGTH, size, local), seed=4)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
 def test_no_distance_exceeds_the_chunk_size_and_a_chunk_keeps_its_order():
