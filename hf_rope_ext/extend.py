@@ -11,6 +11,7 @@ the longest length's window, against the model as saved reading them through a s
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -44,6 +45,16 @@ def takes_factor(rope_type) -> bool:
     return rope_type not in loading.NONE_TYPES and "factor" in loading.accepted_keys(rope_type)
 
 
+def string_defaults(shift: int, local: int, pretrain: int, factor: float | None) -> dict:
+    """STRING's S and W; where its farthest distance at s x L0 (s L0 - 1 - S + W) passes L0 - 1, ``ntk_by_parts``
+    underneath at the factor that brings it back within L0 (the temperature stays a knob of its own)."""
+    params = {"window": shift, "local_window": local}
+    reach = (factor or 1.0) * pretrain - shift + local  # the farthest distance plus one
+    if reach > pretrain:
+        params |= {"frequencies": "ntk_by_parts", "frequency_factor": math.ceil(100 * reach / pretrain) / 100}
+    return params
+
+
 def default_parameters(rope_type, pretrain: int, factor: float | None) -> dict:
     """Values for the required keys besides ``factor``, chosen so that s x L0 tokens fit the pretrained distances:
     ``window`` L0/4; leaky ``factor`` just large enough that window + (s L0 - window) / k <= L0; Self-Extend its
@@ -55,7 +66,7 @@ def default_parameters(rope_type, pretrain: int, factor: float | None) -> dict:
     keys = loading.accepted_keys(rope_type)
     if "local_window" in keys:
         shift = max(1, pretrain // STRING_SHIFT_FRACTION)
-        return {"window": shift, "local_window": min(STRING_LOCAL, shift // 2)}
+        return string_defaults(shift, min(STRING_LOCAL, shift // 2), pretrain, factor)
     if "chunk_size" in keys:  # Dual Chunk Attention: its authors' chunk_size 3/4 L0, local_size L0/16
         return dual_chunk.authors_defaults(pretrain)
     if "group_size" in keys:  # Self-Extend: its authors' rule, W + (s L0 - W)/G <= 2/3 L0

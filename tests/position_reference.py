@@ -30,9 +30,12 @@ def layer_inputs(model, ids):
     return seen["q"], seen["k"], seen["v"]
 
 
-def layer_output_and_reference(rope: dict, implementation: str, positions: torch.Tensor, seed: int):
+def layer_output_and_reference(
+    rope: dict, implementation: str, positions: torch.Tensor, seed: int, theta=None, gain=1.0
+):
     """(the attention output of layer 0 [B, H, L, d] float64, the pair-by-pair one from ``positions`` [L, L]) of a
-    one-layer Llama with ``rope`` on 2 random sequences of L tokens."""
+    one-layer Llama with ``rope`` on 2 random sequences of L tokens; ``theta`` [d/2] (default plain RoPE's, base
+    10000) and ``gain`` (on the scores) as the method should rotate and scale."""
     length = positions.shape[0]
     model = tiny_model("llama", rope, num_hidden_layers=1, num_key_value_heads=4, attn_implementation=implementation)
     ids = torch.randint(3, 97, (2, length), generator=torch.Generator().manual_seed(seed))
@@ -43,6 +46,7 @@ def layer_output_and_reference(rope: dict, implementation: str, positions: torch
         q, k, v = layer_inputs(model, ids)
     hook.remove()
     dim = q.shape[-1]
-    theta = 1.0 / 10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    expected = attention_by_distance(q, k, v, positions, theta, dim**-0.5)
+    if theta is None:
+        theta = 1.0 / 10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    expected = attention_by_distance(q, k, v, positions, theta, gain * dim**-0.5)
     return out["x"].view(2, length, -1, dim).transpose(1, 2).double(), expected

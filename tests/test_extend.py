@@ -42,8 +42,12 @@ def test_default_parameters_fit_the_target_length_into_the_pretrained_distances(
             assert window + (factor * L0 - window) / params["factor"] == pytest.approx(L0)
         if "chunk_size" in params:  # Dual Chunk Attention: its authors' 3/4 L0 and L0/16
             assert params == {"chunk_size": 3 * L0 // 4, "local_size": L0 // 16}
-        elif "local_window" in params:  # STRING: its authors' S = L0/3, W = 128 (at most S/2 for a short L0)
-            assert params == {"window": L0 // 3, "local_window": min(128, L0 // 6)}
+        elif "local_window" in params:  # STRING: its authors' S = L0/3, W = 128 (at most S/2 for a short L0) ...
+            assert params["window"] == L0 // 3 and params["local_window"] == min(128, L0 // 6)
+            reach = factor * L0 - params["window"] + params["local_window"]  # ... and frequencies for the rest
+            assert (
+                params["frequencies"] == "ntk_by_parts" and reach / L0 <= params["frequency_factor"] < reach / L0 + 0.01
+            )
         elif "window" in params:
             assert params["window"] == window
 

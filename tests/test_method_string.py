@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_config, tiny_model
+from huggingface_hub.errors import StrictDataclassError
 from position_reference import layer_output_and_reference
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 LENGTH = 24
 
@@ -28,3 +31,40 @@ def test_attention_equals_the_paper_position_matrix(shift, local, implementation
 def test_the_position_matrix_reuses_small_distances():
     p = paper_positions(12, 5, 2)
     assert p[4, 0] == 4 and p[5, 0] == 2 and p[11, 0] == 8 and p.max() == 8  # below S exact, then from W on
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("kind", ["yarn", "ntk_by_parts"])
+def test_frequencies_underneath_turn_the_shifted_distances(kind, implementation):
+    """STRING on a frequency-level type: the paper's positions turned by that type's theta_i, its attention factor
+    on the scores (squared, as on q and k), both from transformers' rope registry on a config of that type."""
+    rope = {"rope_type": "string", "window": 7, "local_window": 2, "frequencies": kind, "frequency_factor": 2.0}
+    config = tiny_config(rope_parameters={"rope_type": kind, "factor": 2.0, "rope_theta": 10000.0})
+    theta, factor = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+    got, expected = layer_output_and_reference(
+        rope, implementation, paper_positions(LENGTH, 7, 2), seed=5, theta=theta.double(), gain=factor**2
+    )
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    plain, _ = layer_output_and_reference(rope | {"frequencies": "plain", "frequency_factor": None}, implementation,
+                                          paper_positions(LENGTH, 7, 2), seed=5)  # fmt: skip
+    assert not torch.allclose(plain, got, atol=1e-4)
+
+
+@pytest.mark.parametrize("given", [{"frequencies": "yarn"}, {"frequency_factor": 2.0}])
+def test_frequencies_and_their_factor_come_together(given):
+    with pytest.raises((ValueError, StrictDataclassError), match="frequency_factor"):
+        tiny_config(rope_parameters={"rope_type": "string", "window": 8, "local_window": 2, **given})
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_frequencies_underneath_keep_the_cache_exact(implementation):
+    """Greedy decoding past the shift with yarn underneath: each step's logits with the cache equal a recompute of
+    the whole sequence without one."""
+    rope = {"rope_type": "string", "window": 7, "local_window": 2, "frequencies": "yarn", "frequency_factor": 2.0}
+    model = tiny_model("llama", rope, attn_implementation=implementation)
+    ids = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True)
+        for step, scores in enumerate(out.scores):
+            recompute = model(out.sequences[:, : 20 + step], use_cache=False).logits[:, -1]
+            torch.testing.assert_close(scores, recompute, rtol=0, atol=1e-4)

@@ -8,6 +8,7 @@ frequencies and the rotation's identity) is resolved at its first call and kept 
 
 from __future__ import annotations
 
+import copy
 import weakref
 from dataclasses import dataclass, field
 
@@ -101,8 +102,8 @@ class Layer:
         if not self.method.dynamic:
             key = ("frequencies", device)  # a torch.device (the query's)
             if key not in self.constants:
-                inv_freq = base_inv_freq(config, self.layer_type, device)
-                self.constants[key] = (inv_freq, 1.0, self.tag(inv_freq))
+                inv_freq, factor = underneath(config, self.params, self.layer_type, device)
+                self.constants[key] = (inv_freq, factor**2, self.tag(inv_freq))
             return self.constants[key]
         length = int(k_pos.max()) + 1  # positions 0 .. length-1 are in force (cached keys included)
         inv_freq, attention_factor = self.method.frequencies(config, device, length, self.layer_type)
@@ -110,6 +111,24 @@ class Layer:
 
     def tag(self, inv_freq: torch.Tensor) -> tuple:
         return (self.name, tuple(inv_freq.tolist()), str(sorted(self.params.items())))
+
+
+def underneath(config, params: dict, layer_type: str | None, device) -> tuple[torch.Tensor, float]:
+    """(theta_i [r/2] float64, attention factor) the layer rotates by: plain RoPE's, or those of the frequency-level
+    type ``params["frequencies"]`` at ``frequency_factor`` (transformers' rope registry computes them on a copy of
+    the config whose rope_parameters name that type; L0 and rope_theta are the layer's)."""
+    kind = params.get("frequencies") or "plain"
+    if kind == "plain":
+        return base_inv_freq(config, layer_type, device), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    keep = {k: params[k] for k in ("rope_theta", "partial_rotary_factor") if params.get(k) is not None}
+    pretrained = int(params.get("original_max_position_embeddings") or config.max_position_embeddings)
+    rope = {**keep, "rope_type": kind, "factor": float(params["frequency_factor"])}
+    view = copy.copy(config)
+    view.rope_parameters = {**rope, "original_max_position_embeddings": pretrained}
+    inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](view, device)
+    return inv_freq.double(), float(factor)
 
 
 _LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> Layer

@@ -34,6 +34,31 @@ TEMPERATURE = {
 }
 
 
+# frequencies underneath (STRING): the method rotates by a frequency-level type's theta_i instead of plain RoPE's
+UNDERNEATH_TYPES = ("plain", "ntk", "ntk_by_parts", "yarn")
+UNDERNEATH = {
+    "frequencies": Param(
+        default="plain",
+        kind="choice",
+        choices=UNDERNEATH_TYPES,
+        help="the frequencies rotated by: plain RoPE's, or those of a frequency-level type at frequency_factor "
+        "(its attention factor on the scores too, as yarn's)",
+    ),
+    "frequency_factor": Param(default=None, minimum=1.0, help="s of the frequencies underneath (only with one)"),
+}
+
+
+def check_underneath(params: dict) -> None:
+    """``frequency_factor`` is given exactly when ``frequencies`` names a type."""
+    kind, factor = params.get("frequencies") or "plain", params.get("frequency_factor")
+    if (kind != "plain") == (factor is None):
+        need = "required" if factor is None else "allowed only"
+        raise ValueError(
+            f"rope_parameters['frequency_factor']={factor!r} with rope_parameters['frequencies']={kind!r}: "
+            f"frequency_factor (s >= 1) is {need} with frequencies one of {list(UNDERNEATH_TYPES[1:])}"
+        )
+
+
 def pretrained_length(params: dict, config) -> int:
     """L0: ``original_max_position_embeddings`` when given, else the config's ``max_position_embeddings``."""
     return int(params.get("original_max_position_embeddings") or config.max_position_embeddings)

@@ -11,6 +11,11 @@ code also multiplies cos and sin by 0.1 ln 2 + 1 (here ``attention_temperature="
 ``temperature_factor=2``). Their flash-attention version lets the key at d = S into both bands
 (``window_size=[S, 0]`` beside the shifted causal piece); this follows the paper's position matrix, where each key
 has one distance.
+
+Alone, the largest distance at N tokens is N - S + W, within L0 only up to N = L0 + S - W (about 1.3x with the
+authors' S). For more, ``frequencies`` puts a frequency-level type underneath (``ntk``, ``ntk_by_parts``, ``yarn``
+at ``frequency_factor``): the shifted distances are turned by its theta_i, as the authors' code turns them by a
+model's own scaled frequencies (their Llama 3.1 runs keep its ``llama3`` ones).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import TYPE_CHECKING
 from ...declare import REQUIRED, Param, RopeMethod
 from ...frequencies.common import plain_frequencies
 from .form import two_bands
-from .params import FAMILIES, TEMPERATURE, WINDOWED, check_window
+from .params import FAMILIES, TEMPERATURE, UNDERNEATH, WINDOWED, check_underneath, check_window
 
 if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
     from torch import Tensor
@@ -44,8 +49,9 @@ def far_key(n: Tensor, params: dict) -> Tensor:
 
 
 def check_string(params: dict, config) -> None:
-    """S at most L0 (``check_window``), W below S."""
+    """S at most L0 (``check_window``), W below S, the frequencies underneath with their factor."""
     check_window(params, config)
+    check_underneath(params)
     shift, local = params.get("window"), params.get("local_window")
     if shift is not None and local is not None and not local < shift:
         raise ValueError(
@@ -59,7 +65,7 @@ METHOD = RopeMethod(
     name="string",
     kind="attention",
     frequencies=plain_frequencies,
-    params={**WINDOWED, "local_window": LOCAL_WINDOW, **TEMPERATURE},
+    params={**WINDOWED, "local_window": LOCAL_WINDOW, **TEMPERATURE, **UNDERNEATH},
     summary="STRING: distance m-n below window (the shift S), m-n-window+local_window beyond",
     check=check_string,
     families=FAMILIES,
