@@ -31,6 +31,13 @@ def add_arguments(parser, eval_command: bool = False) -> None:
         default=None,
         help="with --ruler: samples read per task and length (default: all 500 that lm-eval builds)",
     )
+    parser.add_argument(
+        "--max-gen-toks",
+        type=positive_int,
+        default=None,
+        help="with --ruler: tokens generated per answer (default: each task's own, 128 for the needle tasks); "
+        "fewer is faster and can only lower a score",
+    )
     if eval_command:
         parser.add_argument("--report-dir", type=Path, default=None, help="with --ruler: the report folder")
         parser.add_argument(
@@ -72,7 +79,7 @@ def run_eval(args) -> int:
     lengths = args.lengths or [pretrain, 2 * pretrain, 4 * pretrain]
     extra = parse_rope_params(args.rope_param)
     records = ruler.evaluate_path(
-        path, args.rope_type, args.factor, extra, tasks, lengths, args.limit, adapter, args.dtype
+        path, args.rope_type, args.factor, extra, tasks, lengths, args.limit, adapter, args.dtype, **gen(args)
     )
     return write(records, args, path, target, stage, adapter)
 
@@ -86,8 +93,13 @@ def run_extend(args, path: Path, methods, factors) -> int:
         raise ValueError("--out with --ruler: --ruler writes a report only; give --report-dir (or drop --ruler)")
     target, stage = report_stage(args, "extend-ruler")
     extra = parse_rope_params(args.rope_param)
-    records = ruler.compare(path, methods, factors, tasks, args.limit, extra, args.dtype, not args.no_progress)
+    progress = not args.no_progress
+    records = ruler.compare(path, methods, factors, tasks, args.limit, extra, args.dtype, progress, **gen(args))
     return write(records, args, path, target, stage)
+
+
+def gen(args) -> dict:
+    return {} if args.max_gen_toks is None else {"max_gen_toks": args.max_gen_toks}
 
 
 def write(records, args, path, target: Path, stage, adapter=None) -> int:
@@ -102,7 +114,8 @@ def write(records, args, path, target: Path, stage, adapter=None) -> int:
             "",
             f"- command: `{meta['command']}`",
             f"- samples: {limit} of the 500 lm-eval builds per task and length; lm-eval reads at most the length",
-            f"- date: {meta['date']}, dtype {args.dtype}",
+            f"- date: {meta['date']}, dtype {args.dtype}, generated tokens per answer: "
+            f"{args.max_gen_toks or 'each task' + chr(39) + 's own (128 for the needle tasks)'}",
             "",
             ruler_report.tables(records),
         ]

@@ -36,16 +36,29 @@ def run_tasks(lm, tasks, length: int, tokenizer_path, limit=None, max_gen_toks=N
 
     ruler_tasks.import_builders(tasks)
     gen_kwargs = None if max_gen_toks is None else {"max_gen_toks": int(max_gen_toks)}
+    metadata = {"max_seq_lengths": [int(length)], "tokenizer": str(tokenizer_path)}
     results = lm_eval.simple_evaluate(
         lm,
         tasks=list(tasks),
         limit=limit,
-        metadata={"max_seq_lengths": [int(length)], "tokenizer": str(tokenizer_path)},
+        task_manager=task_manager(metadata),
         log_samples=True,
         bootstrap_iters=0,
         gen_kwargs=gen_kwargs,
     )
     return [record(task, length, results) for task in tasks]
+
+
+def task_manager(metadata: dict):
+    """lm-eval's TaskManager over its RULER folder only: the same task configs, without indexing the other
+    thousands of lm-eval's tasks (a minute on a small CPU) for every length."""
+    from pathlib import Path
+
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks.ruler import niah_utils
+
+    folder = Path(niah_utils.__file__).parent
+    return TaskManager(include_path=str(folder), include_defaults=False, metadata=metadata)
 
 
 def record(task: str, length: int, results: dict) -> dict:
