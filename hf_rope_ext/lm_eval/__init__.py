@@ -12,11 +12,9 @@ arguments::
 
 from __future__ import annotations
 
-MODEL_NAME = "hf-rope-ext"
-
 
 def register() -> str:
-    """Register the model class with lm-eval (idempotent); returns its name."""
-    from . import model  # noqa: F401  (the decorator registers it)
+    """Register the model class with lm-eval (idempotent: its decorator runs once, on import); returns its name."""
+    from . import model
 
-    return MODEL_NAME
+    return model.MODEL_NAME

@@ -26,7 +26,11 @@ def named_tasks(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ruler_tasks.require_lm_eval()
+    try:
+        ruler_tasks.require_lm_eval()
+    except ruler_tasks.MissingExtra as err:
+        print(f"python -m hf_rope_ext.lm_eval: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     from . import register
 
     register()

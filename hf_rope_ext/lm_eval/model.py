@@ -19,8 +19,8 @@ from lm_eval.models.huggingface import HFLM
 
 from ..did_you_mean import did_you_mean
 from ..eval import adapters, loading
-from . import MODEL_NAME
 
+MODEL_NAME = "hf-rope-ext"
 OWN = ("pretrained", "rope_type", "factor", "adapter", "dtype", "device", "max_length")
 
 
