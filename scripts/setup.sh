@@ -7,7 +7,8 @@
 #
 # transformers: the newest release pyproject.toml admits. HF_ROPE_EXT_TRANSFORMERS=oldest installs the oldest one
 # it admits instead (its lower bound), and HF_ROPE_EXT_VENV names the environment (default .venv); CI builds
-# `.venv-oldest` that way to run the suite on both ends of the range.
+# `.venv-oldest` that way to run the suite on both ends of the range. The same goes for lm-eval (the [eval] extra, which
+# the tests of `--ruler` need): newest admitted in .venv, its lower bound with HF_ROPE_EXT_TRANSFORMERS=oldest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -21,6 +22,7 @@ fi
 PIN=()
 if [ "${HF_ROPE_EXT_TRANSFORMERS:-newest}" = oldest ]; then
   PIN=("$("$VENV/bin/python" scripts/transformers_range.py --oldest-pin)")
+  PIN+=("$("$VENV/bin/python" scripts/transformers_range.py --oldest-pin --package lm-eval)")
 fi
-$PIP install -e ".[test]" "${PIN[@]}"
+$PIP install -e ".[test,eval]" "${PIN[@]}"
 "$VENV/bin/python" -c "import torch, transformers, hf_rope_ext; print('hf-rope-ext', hf_rope_ext.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import ruler_cmd
 from .args import (
     add_rope_arguments,
     comma_list,
@@ -46,11 +47,14 @@ def add_parser(subparsers, name):
     parser.add_argument("--json", type=Path, default=None, help="write the records as JSON here")
     parser.add_argument("--plot", type=Path, default=None, help="write a perplexity-against-length PNG here")
     parser.add_argument("--overwrite", action="store_true", help="replace existing --json/--plot/--needle files")
+    ruler_cmd.add_arguments(parser, eval_command=True)
     progress_argument(parser)
     return parser
 
 
 def run(args) -> int:
+    if args.ruler is not None:  # lm-eval's RULER tasks instead of the package's probes
+        return ruler_cmd.run_eval(args)
     from .. import bundled, outputs
     from ..eval import (
         EvalPlan,

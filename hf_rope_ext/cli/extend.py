@@ -9,6 +9,7 @@ import shlex
 import time
 from pathlib import Path
 
+from . import ruler_cmd
 from .args import comma_list, factor, model_argument, non_negative_int, positive_int, progress_argument
 from .eval_cmd import add_rope_arguments
 
@@ -81,6 +82,7 @@ def add_parser(subparsers, name):
         "--factors 2,4 --documents 1 --last-chunk 0 --passkey-depths 0 --passkey-prompts 1 --far-stride L0/8 "
         "--data python-docs --dtype bfloat16 (any of them given is kept)."
     )
+    ruler_cmd.add_arguments(parser)
     progress_argument(parser)
     return parser
 
@@ -107,6 +109,8 @@ def run(args) -> int:
     if extra and args.rope_type is None and args.methods is None:
         raise ValueError(f"--rope-param {sorted(extra)} given without --rope-type or --methods")
     methods = chosen_methods(args)
+    if args.ruler is not None:  # lm-eval's RULER tasks across the methods instead of extend's own measures
+        return ruler_cmd.run_extend(args, path, methods, factor_list(args))
     plan = EvalPlan(
         lengths=(2,),  # placeholder: run_comparison picks the lengths from the factors
         documents=args.documents,
