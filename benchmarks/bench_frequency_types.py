@@ -16,7 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_rope_ext
-from hf_rope_ext import registry
+from hf_rope_ext.types import registry
 
 
 def build(rope_parameters: dict, device: str) -> LlamaForCausalLM:

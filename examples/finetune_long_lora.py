@@ -19,7 +19,7 @@ from hf_rope_ext.train import FinetuneConfig, finetune
 
 
 def parse_args(argv=None):
-    from hf_rope_ext.bundled import default_model_path
+    from hf_rope_ext.store.bundled import default_model_path
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="base model folder or Hub id (default: the bundled tiny Llama)")

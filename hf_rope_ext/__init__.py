@@ -5,6 +5,7 @@ of the ``hf-rope-ext`` command itself, so that ``--help`` and ``list`` need not 
 the command calls :func:`load` before running a subcommand that needs them, and any public name loads on access.
 """
 
+import importlib
 import os
 import sys
 
@@ -22,15 +23,27 @@ __all__ = [
 ]
 
 
+METHOD_PACKAGES = ("frequencies", "attention.methods")  # importing one registers each of its methods (plug-ins)
+
+
+def load_methods() -> None:
+    """Fill the table of rope types (``types.registry``): import the package's method modules, each of which
+    registers itself. Needs neither torch nor transformers (``hf-rope-ext list``)."""
+    for name in METHOD_PACKAGES:
+        importlib.import_module(f"{__name__}.{name}")
+
+
 def load() -> None:
     """Import the public names and register the rope types into transformers (idempotent)."""
-    from . import _transformers, configure, registry
+    load_methods()
+    from . import _transformers
     from ._transformers.cache_layers import rope_cache
-    from .export import export  # portable export; the function shadows the submodule's attribute name
     from .layout.model import convert_layout
+    from .publish.export import export  # portable export; the function shadows the submodule's attribute name
+    from .types import registry, rope_parameters
 
     globals().update(
-        rope_parameters_for=configure.rope_parameters_for,
+        rope_parameters_for=rope_parameters.rope_parameters_for,
         export=export,
         convert_layout=convert_layout,
         available_rope_types=registry.available_rope_types,

@@ -41,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def run_config(args, rope_type: str, schedule: str, pretrain: int):
     """One fine-tuning run of the comparison, evaluated at s x L0 before and after."""
-    from hf_rope_ext import bundled
+    from hf_rope_ext.store import bundled
     from hf_rope_ext.train import FinetuneConfig
 
     length = int(args.factor * pretrain)
@@ -118,8 +118,8 @@ def plot(records: list[dict], path: Path) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from hf_rope_ext import bundled
     from hf_rope_ext.eval.loading import load_config, pretraining_length
+    from hf_rope_ext.store import bundled
     from hf_rope_ext.train import finetune
 
     if args.out.exists():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEX = "hf_rope_ext/attention/engine/flex.py"
-PIECES = "hf_rope_ext/attention/engine/pieces.py"
+PIECES = "hf_rope_ext/attention/engine/piece.py"
 MASKS = "hf_rope_ext/attention/mask_formats.py"
 TESTS = ["tests/test_attention_engines.py", "tests/test_attention_implementations.py"]
 

@@ -1,7 +1,7 @@
-"""Pretrain the bundled tiny Llama (hf_rope_ext/bundled/tiny-llama-stdlib) on the Python standard library's source
+"""Pretrain the bundled tiny Llama (hf_rope_ext/store/bundled/tiny-llama-stdlib) on the Python standard library's source
 mixed with synthetic long-range tasks that teach it to read its whole context.
 
-Seeded and deterministic for a given device: the file list is fixed in hf_rope_ext/bundled/corpus_files.txt, the
+Seeded and deterministic for a given device: the file list is fixed in hf_rope_ext/store/bundled/corpus_files.txt, the
 code stream is the train split's UTF-8 bytes (ByT5 ids = byte + 3, documents separated by </s>), cut into
 --seq-len windows and shuffled with --seed. With --synthetic P, a fraction P of every batch's rows is replaced by
 synthetic windows (seeded per step): a pass key planted in filler (sentences or code) and asked for at the end,
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
 
-from hf_rope_ext import bundled
+from hf_rope_ext.store import bundled
 
 BYTE_OFFSET = 3  # ByT5: 0 <pad>, 1 </s>, 2 <unk>, then the 256 byte values
 

@@ -8,7 +8,7 @@ A cell is (method, factor s): the method with factor s (as ``hf-rope-ext extend`
 and s x L0 tokens, measuring what ``extend`` measures on a real model: pass keys by greedy generation, several per
 prompt (``--passkey-prompts``), perplexity and the far-context ratio on the python-docs documents (one document,
 baseline: the model as saved through a sliding 8192-token window, stride 1024). Each cell is one call of
-``hf_rope_ext.extend.evaluate_method``, so ``hf-rope-ext extend --model <smollm2> --methods M --factors s
+``hf_rope_ext.eval.compare.evaluate_method``, so ``hf-rope-ext extend --model <smollm2> --methods M --factors s
 --documents 1 --last-chunk 0 --passkey-depths 0 --passkey-prompts P --far-stride 1024 --data python-docs --dtype
 bfloat16`` reproduces any row. Results go to ``--out``/results.json after every cell (a rerun skips the cells
 already there) and ``report.md`` (the README table). The ``lora`` cell reads the adapter of ``--adapter`` (default:
@@ -35,11 +35,11 @@ from pathlib import Path
 
 import torch
 
-from hf_rope_ext import extend, smollm2
-from hf_rope_ext.eval import loading
+from hf_rope_ext.eval import compare, loading
 from hf_rope_ext.eval.data import load_token_documents, long_enough
 from hf_rope_ext.eval.multikey import multikey_accuracy
 from hf_rope_ext.eval.runner import EvalPlan, label
+from hf_rope_ext.store import smollm2
 
 # (method, factor, prompts of 3 keys): the PoSE pair and the headline cells first, so that a stopped run has them
 CELLS = [
@@ -84,14 +84,14 @@ def baseline(folder, config, documents, factor: int, done: dict) -> float:
     """The sliding-window baseline loss for windows of factor x L0 tokens (computed once, kept in ``done``)."""
     key = f"baseline:{factor}"
     if key not in done:
-        done[key] = extend.far_context_baseline(folder, config, documents, [factor], plan(0), "bfloat16")
+        done[key] = compare.far_context_baseline(folder, config, documents, [factor], plan(0), "bfloat16")
     return done[key]
 
 
 def merged(adapter: Path, base: Path) -> Path:
     """The adapter merged into its base (its config's rope parameters kept), saved once in the package's cache (not
     beside the committed results)."""
-    from hf_rope_ext.from_gguf import cache_root
+    from hf_rope_ext.store.from_gguf import cache_root
     from hf_rope_ext.train.prepare import load_adapter
 
     target = cache_root() / "merged" / adapter.name
@@ -119,7 +119,7 @@ def run_single_key_cell(folder, config, tokenizer, cell) -> list[dict]:
     """Pass keys by generation with one key per prompt, at factor x L0 tokens only (no perplexity, no 8k run)."""
     method, factor, prompts = cell
     rope_type, extra, name = split_method(method, factor)
-    params = extend.run_parameters(config, rope_type, float(factor), 8192, extra)
+    params = compare.run_parameters(config, rope_type, float(factor), 8192, extra)
     start = time.perf_counter()
     model = loading.load_model(folder, params, dtype=torch.bfloat16)
     found = multikey_accuracy(model, tokenizer, factor * 8192, prompts, keys=1)
@@ -135,7 +135,7 @@ def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Pa
     model = merged(adapter, folder) if method == "lora" else folder
     start = time.perf_counter()
     args = (documents, rope_type, [float(factor)], plan(prompts), True, extra or None, far, "bfloat16")
-    records = extend.evaluate_method(model, config, tokenizer, *args)
+    records = compare.evaluate_method(model, config, tokenizer, *args)
     if method == "lora" or extra:
         records = [{**r, "rope_type": "yarn x4 + PoSE LoRA" if method == "lora" else name} for r in records]
     extra = {

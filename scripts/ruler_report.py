@@ -5,7 +5,7 @@ of README's real-model table, cell by cell, resumable:
     .venv/bin/python scripts/ruler_report.py --cells yarn:2:16384 none:1:8192 --limit 10
 
 A cell is ``method:factor:length``: the method with ``factor`` (and the parameters ``hf-rope-ext extend`` gives it at
-that factor, ``extend.run_parameters``) read at ``length`` tokens; ``lora:4:N`` is the PoSE LoRA of
+that factor, ``compare.run_parameters``) read at ``length`` tokens; ``lora:4:N`` is the PoSE LoRA of
 ``examples/smollm2-yarn4-pose-lora`` on its base (its config: yarn x4), unmerged. Each cell runs the tasks through
 ``hf_rope_ext.eval.ruler`` (lm-eval's builders, HFLM, scoring; the first ``--limit`` of the 500 samples lm-eval builds
 for that length) in bfloat16, and is written to ``--out``/results.json at once (a rerun skips the cells there, and
@@ -20,9 +20,9 @@ import json
 import time
 from pathlib import Path
 
-from hf_rope_ext import extend, smollm2
-from hf_rope_ext.eval import loading, ruler, ruler_report
+from hf_rope_ext.eval import compare, loading, ruler, ruler_report
 from hf_rope_ext.eval.runner import label
+from hf_rope_ext.store import smollm2
 
 TASKS = ["niah_single_1", "niah_multikey_2"]
 # 2x first (where the methods part ways), then L0, then 4x
@@ -51,7 +51,7 @@ def run_cell(folder, cell: str, tasks, limit: int) -> list[dict]:
     config = loading.load_config(folder)
     pretrain = loading.pretraining_length(config)
     rope_type = None if method == "none" else method
-    params = extend.run_parameters(config, rope_type, factor if rope_type else None, pretrain)
+    params = compare.run_parameters(config, rope_type, factor if rope_type else None, pretrain)
     import torch
 
     model = loading.load_model(folder, params, dtype=torch.bfloat16)

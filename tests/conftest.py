@@ -42,9 +42,9 @@ ENGINE_PARAMS = {
 
 def fast_plans(name: str) -> bool:
     """Whether the fast engine plans the type's declaration (else ``sdpa`` runs the reference engine)."""
-    from hf_rope_ext import registry
     from hf_rope_ext.attention.engine import fast
     from hf_rope_ext.attention.methods.form import PLAIN
+    from hf_rope_ext.types import registry
 
     return fast.plan_of(registry.get_method(name).attention or PLAIN) is not None
 

@@ -18,7 +18,7 @@ import math
 import torch
 
 from hf_rope_ext.attention.engine import flex
-from hf_rope_ext.attention.engine.pieces import Piece
+from hf_rope_ext.attention.engine.piece import Piece
 
 
 def attend_allowed(q, k, v, allowed: torch.Tensor, scale: float):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import ATTENTION_PARAMS, tiny_model
 
-from hf_rope_ext import registry
+from hf_rope_ext.types import registry
 
 ATTENTION_METHODS = [m for m in registry.methods() if m.kind == "attention"]
 PARAMS = ATTENTION_PARAMS

@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_rope_ext.attention import function
 from hf_rope_ext.attention.engine import flex, kernels, masked, rotated_cache, single_band, two_band
-from hf_rope_ext.attention.engine.pieces import Piece
+from hf_rope_ext.attention.engine.piece import Piece
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 

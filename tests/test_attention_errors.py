@@ -11,7 +11,8 @@ from transformers.integrations.flash_attention import flash_attention_forward
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from hf_rope_ext import _transformers, registry
+from hf_rope_ext import _transformers
+from hf_rope_ext.types import registry
 
 ATTENTION_METHODS = [m for m in registry.methods() if m.kind == "attention"]
 

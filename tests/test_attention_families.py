@@ -19,8 +19,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, RoFormerConfig, RoFor
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-from hf_rope_ext import registry
 from hf_rope_ext.attention.methods.params import FAMILIES
+from hf_rope_ext.types import registry
 
 ATTENTION_METHODS = [m.name for m in registry.methods() if m.kind == "attention"]
 PARAMS = {  # every band matters in 24 tokens

@@ -14,8 +14,8 @@ import torch
 from conftest import tiny_model
 from transformers.modeling_utils import AttentionInterface
 
-from hf_rope_ext import registry
 from hf_rope_ext.attention.engine import reference
+from hf_rope_ext.types import registry
 
 ATTENTION_METHODS = [m for m in registry.methods() if m.kind == "attention"]
 # parameters that make every band matter in 24 tokens

@@ -14,7 +14,7 @@ from test_attention_cache import generate
 from test_attention_methods import PARAMS, reference_attention
 from transformers.modeling_utils import AttentionInterface
 
-from hf_rope_ext import registry
+from hf_rope_ext.types import registry
 
 ATTENTION_METHODS = [m.name for m in registry.methods() if m.kind == "attention"]
 L0 = 8  # original_max_position_embeddings: positions 8.. of the 24-token inputs are past it

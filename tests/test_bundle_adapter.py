@@ -16,10 +16,10 @@ from conftest import save_byte_llama
 from peft import AutoPeftModelForCausalLM, LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from hf_rope_ext import smollm2
 from hf_rope_ext.cli import main
 from hf_rope_ext.eval import adapters
 from hf_rope_ext.eval.loading import load_model
+from hf_rope_ext.store import smollm2
 from hf_rope_ext.train import bundle_adapter, load_adapter
 from hf_rope_ext.train.model import extended_config
 

@@ -13,8 +13,8 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import hf_rope_ext  # noqa: F401  (registers the rope types)
-from hf_rope_ext.cards import write_model_card
-from hf_rope_ext.registry import REQUIRED, methods
+from hf_rope_ext.publish.cards import write_model_card
+from hf_rope_ext.types.registry import REQUIRED, methods
 
 ROOT = Path(__file__).resolve().parents[1]
 NTK = {"rope_type": "ntk", "factor": 4.0, "rope_theta": 10000.0}

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hf_rope_ext import registry
 from hf_rope_ext.cli import COMMANDS, main
+from hf_rope_ext.types import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from hf_rope_ext.bundled import default_model_path
 from hf_rope_ext.cli import main
+from hf_rope_ext.store.bundled import default_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

@@ -1,5 +1,6 @@
 """``--overwrite`` replaces only the files a command writes: the user's own files in the folder stay, a README.md
-hf-rope-ext did not write is never replaced, and the package removes only its own stale files (hf_rope_ext.outputs)."""
+hf-rope-ext did not write is never replaced, and the package removes only its own stale files
+(hf_rope_ext.store.outputs)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from test_eval import docs_dir, save_tiny  # noqa: F401  (docs_dir is a fixture)
 from transformers import AutoModelForCausalLM
 
 import hf_rope_ext
-from hf_rope_ext import outputs
 from hf_rope_ext.cli import main
+from hf_rope_ext.store import outputs
 
 
 def write(folder, files: dict) -> None:

@@ -1,4 +1,4 @@
-"""Progress output, one switch for every command (``hf_rope_ext.progress``): bars on a terminal (one line left per
+"""Progress output, one switch for every command (``hf_rope_ext.util.progress``): bars on a terminal (one line left per
 top-level loop, transformers' "Loading weights" never), plain lines every interval and no bars, carriage returns or
 escape codes when stderr is a file, and nothing but the results with ``--no-progress``."""
 
@@ -156,8 +156,8 @@ def test_no_progress_prints_results_and_nothing_else(docs_dir, tmp_path, capsys)
 def test_a_long_step_in_a_log_still_prints_a_line_every_interval(docs_dir, tmp_path, capsys, monkeypatch):  # noqa: F811
     """In a log, a step that takes longer than the interval still shows the run is alive: the first training step
     waits until the progress timer has written a line (so the test takes no longer than the interval)."""
-    from hf_rope_ext import progress
     from hf_rope_ext.train import loop
+    from hf_rope_ext.util import progress
 
     lines, seen, stock = [], threading.Event(), loop.forward_loss
     monkeypatch.setattr(progress, "INTERVAL_S", 0.05)

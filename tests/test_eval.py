@@ -24,7 +24,7 @@ from hf_rope_ext.eval import (
     pivot_table,
     plot_heatmap,
     plot_perplexity,
-    rope_parameters_for,
+    requested_parameters,
     tokenize_pieces,
     truncated_perplexity,
     write_json,
@@ -214,10 +214,10 @@ def test_report_table_json_and_plot(tmp_path):
 
 def test_rope_parameters_for_fills_theta_and_pretraining_length():
     config = tiny_llama_config()
-    params = rope_parameters_for(config, "yarn", 4.0)
+    params = requested_parameters(config, "yarn", 4.0)
     assert params == {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": L0}
-    assert rope_parameters_for(config, "linear", 2.0) == {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
-    assert rope_parameters_for(config, None) is None
+    assert requested_parameters(config, "linear", 2.0) == {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+    assert requested_parameters(config, None) is None
 
 
 @pytest.mark.parametrize(
@@ -232,7 +232,7 @@ def test_rope_parameters_for_fills_theta_and_pretraining_length():
 )
 def test_rope_parameters_for_bad_input(rope_type, factor, extra, error, match):
     with pytest.raises(error, match=match):
-        rope_parameters_for(tiny_llama_config(), rope_type, factor, extra)
+        requested_parameters(tiny_llama_config(), rope_type, factor, extra)
 
 
 def test_parse_rope_params():
@@ -247,7 +247,7 @@ def test_parse_rope_params():
 
 @pytest.mark.parametrize("rope_type", ["yarn", "ntk_by_parts", "linear"])
 def test_loaded_model_equals_one_built_with_the_same_config(tiny_dir, rope_type):
-    params = rope_parameters_for(tiny_llama_config(), rope_type, 4.0)
+    params = requested_parameters(tiny_llama_config(), rope_type, 4.0)
     loaded = load_model(tiny_dir, params)
     torch.manual_seed(0)
     built = AutoModelForCausalLM.from_config(tiny_llama_config(rope_parameters=params)).eval()

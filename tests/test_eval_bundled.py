@@ -13,11 +13,11 @@ import pytest
 import torch
 from transformers import ByT5Tokenizer
 
-from hf_rope_ext import bundled
 from hf_rope_ext.eval import load_model, load_tokenizer, truncated_perplexity
 from hf_rope_ext.eval.data import encode
 from hf_rope_ext.eval.last_chunk import last_chunk_losses
 from hf_rope_ext.eval.passkey import passkey_accuracy
+from hf_rope_ext.store import bundled
 
 ROOT = Path(__file__).resolve().parents[1]
 SAME_PYTHON = sys.version_info[:2] == (3, 11)

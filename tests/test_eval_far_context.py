@@ -13,9 +13,8 @@ import transformers
 from test_eval import L0, PNG_MAGIC, docs_dir, save_tiny  # noqa: F401  (docs_dir is a fixture)
 
 import hf_rope_ext
-from hf_rope_ext import extend
 from hf_rope_ext.cli import main
-from hf_rope_ext.eval import load_model, load_token_documents, load_tokenizer, passkey_accuracy, plots, report
+from hf_rope_ext.eval import compare, load_model, load_token_documents, load_tokenizer, passkey_accuracy, plots, report
 from hf_rope_ext.eval.far_context import far_context_ratio, sliding_window_baseline, sliding_window_losses
 from hf_rope_ext.eval.metadata import folder_hash
 from hf_rope_ext.eval.passkey import by_depth, compose, passkeys, spread_depths, tokenize_pieces
@@ -82,7 +81,7 @@ def test_far_context_ratio_is_the_perplexity_ratio():
 @pytest.fixture(scope="module")
 def comparison(tiny_dir, docs_dir):  # noqa: F811
     plan = EvalPlan(lengths=(2,), documents=2, last_chunk=None, passkey_depths=0, far_context=True, far_stride=1)
-    return extend.run_comparison(tiny_dir, [None, "yarn"], (2.0, 4.0), plan, docs_dir, progress=False)
+    return compare.run_comparison(tiny_dir, [None, "yarn"], (2.0, 4.0), plan, docs_dir, progress=False)
 
 
 def test_far_context_loss_is_the_last_l0_tokens_of_the_longest_window(comparison, tiny_dir, documents):

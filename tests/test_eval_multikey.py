@@ -7,7 +7,7 @@ import torch
 from test_eval import save_tiny
 
 from hf_rope_ext.eval import multikey, python_docs
-from hf_rope_ext.eval.loading import load_model, load_tokenizer, rope_parameters_for
+from hf_rope_ext.eval.loading import load_model, load_tokenizer, requested_parameters
 
 LENGTH = 640  # bytes (ByT5 tokens): ten times the tiny model's 64 positions
 
@@ -40,7 +40,7 @@ def recompute(model, tokenizer, ids: list[int], name: str) -> str:
 def test_every_probe_of_a_shared_prefill_equals_its_own_recompute(tiny_dir, tokenizer, rope):
     """One prefill, each question asked after it and cropped away: the same answers as reading each prompt and its
     question from scratch without a cache (so the crop leaves nothing of one question behind for the next)."""
-    params = None if rope is None else rope_parameters_for(tiny_dir, rope[0], rope[1], rope[2])
+    params = None if rope is None else requested_parameters(tiny_dir, rope[0], rope[1], rope[2])
     model = load_model(tiny_dir, params)
     keys, where = [11111, 22222, 33333], multikey.depths(3)
     found = multikey.probe_prompt(model, tokenizer, LENGTH, keys, where)

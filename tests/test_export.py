@@ -16,8 +16,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import hf_rope_ext
 from hf_rope_ext.cli import main
-from hf_rope_ext.export import NotLowerable, lower_config
-from hf_rope_ext.registry import REQUIRED, methods
+from hf_rope_ext.publish.export import NotLowerable, lower_config
+from hf_rope_ext.types.registry import REQUIRED, methods
 
 MAX_POS = 64  # L0 of the tiny models; logits are compared at 100 positions, past it
 FAMILIES = {"llama": LlamaConfig, "mistral": MistralConfig}
@@ -252,7 +252,7 @@ def test_cli(tmp_path, capsys):
 
 def test_a_checkpoint_in_its_familys_own_layout_is_what_stock_transformers_runs():
     """The family says which layout stock transformers runs: half for Llama, interleaved for RoFormer."""
-    from hf_rope_ext.export import check_layout
+    from hf_rope_ext.publish.export import check_layout
 
     check_layout({"model_type": "llama"})
     check_layout({"model_type": "roformer"})  # its native interleaved layout, recorded or not

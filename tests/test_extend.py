@@ -12,11 +12,11 @@ import pytest
 import torch
 from test_eval import L0, docs_dir, save_tiny, tiny_llama_config  # noqa: F401  (docs_dir is a fixture)
 
-from hf_rope_ext import extend, registry
 from hf_rope_ext.attention.methods import self_extend
 from hf_rope_ext.cli import main
-from hf_rope_ext.eval import load_model
+from hf_rope_ext.eval import compare, load_model
 from hf_rope_ext.eval.runner import EvalPlan
+from hf_rope_ext.types import registry
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def tiny_dir(tmp_path_factory):
 
 
 def test_applicable_methods_come_from_the_registry():
-    found = extend.applicable_methods(tiny_llama_config())
+    found = compare.applicable_methods(tiny_llama_config())
     expected = [m.name for m in registry.methods() if m.training_free]
     assert found == [None, "linear", "dynamic", "yarn", *expected]
     assert not {m.name for m in registry.methods() if not m.training_free} & set(found[1:])
@@ -33,9 +33,9 @@ def test_applicable_methods_come_from_the_registry():
 
 @pytest.mark.parametrize("factor", [2.0, 3.0, 4.0, 8.0, 16.0])
 def test_default_parameters_fit_the_target_length_into_the_pretrained_distances(factor):
-    window = L0 // extend.FAR_WINDOW_FRACTION
+    window = L0 // compare.FAR_WINDOW_FRACTION
     for method in registry.methods():
-        params = extend.default_parameters(method.name, L0, factor)
+        params = compare.default_parameters(method.name, L0, factor)
         if "group_size" in params:  # self-extend: its authors' rule, checked below
             assert params == self_extend.authors_defaults(factor, L0)
         elif "window" in params and "factor" in params:  # leaky ReRoPE: the farthest distance lands on L0 exactly
@@ -71,19 +71,19 @@ def test_self_extend_defaults_at_4k_and_8k():
 
 
 def test_method_runs_pair_each_factor_with_its_length():
-    assert extend.method_runs("yarn", 512, [4.0, 2.0]) == [(2.0, [512, 1024]), (4.0, [2048])]
-    assert extend.method_runs(None, 512, [2.0, 4.0]) == [(None, [512, 1024, 2048])]
-    assert extend.method_runs("dynamic_yarn", 512, [2.0]) == [(None, [512, 1024])]
+    assert compare.method_runs("yarn", 512, [4.0, 2.0]) == [(2.0, [512, 1024]), (4.0, [2048])]
+    assert compare.method_runs(None, 512, [2.0, 4.0]) == [(None, [512, 1024, 2048])]
+    assert compare.method_runs("dynamic_yarn", 512, [2.0]) == [(None, [512, 1024])]
 
 
 @pytest.fixture(scope="module")
 def comparison(tiny_dir, docs_dir):  # noqa: F811
     plan = EvalPlan(lengths=(2,), documents=2, last_chunk=16, passkey_depths=0)
-    return extend.run_comparison(tiny_dir, None, (2.0, 4.0), plan, docs_dir, progress=False)
+    return compare.run_comparison(tiny_dir, None, (2.0, 4.0), plan, docs_dir, progress=False)
 
 
 def test_comparison_covers_every_method_and_length(comparison):
-    methods = ["none" if m is None else m for m in extend.applicable_methods(tiny_llama_config())]
+    methods = ["none" if m is None else m for m in compare.applicable_methods(tiny_llama_config())]
     measured = {(r["rope_type"], r["length"]) for r in comparison if "perplexity" in r}
     assert measured == {(m, n) for m in methods for n in (L0, 2 * L0, 4 * L0)}
     assert all(math.isfinite(r["perplexity"]) for r in comparison if "perplexity" in r)
@@ -100,7 +100,7 @@ def test_dynamic_types_equal_the_unscaled_model_inside_the_pretraining_length(co
 
 def test_unknown_rope_type_fails_before_any_evaluation(tiny_dir, docs_dir):  # noqa: F811
     with pytest.raises(KeyError, match="no_such"):
-        extend.run_comparison(tiny_dir, [None, "no_such"], (2.0,), None, docs_dir, progress=False)
+        compare.run_comparison(tiny_dir, [None, "no_such"], (2.0,), None, docs_dir, progress=False)
 
 
 def test_extend_out_saves_a_model_that_reloads_to_the_same_logits(tiny_dir, docs_dir, tmp_path, capsys):  # noqa: F811
@@ -189,7 +189,7 @@ def test_the_saved_config_states_the_extended_length(tiny_dir, docs_dir, tmp_pat
     reads L0 back, and the saved model gives the logits of the model it evaluated."""
     from transformers import AutoConfig
 
-    from hf_rope_ext.configure import pretraining_length
+    from hf_rope_ext.types.rope_parameters import pretraining_length
 
     out = tmp_path / "out"
     argv = ["extend", "--model", str(tiny_dir), "--rope-type", rope_type, "--factor", "4", "--out", str(out)]

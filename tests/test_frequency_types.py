@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_config, tiny_model
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from hf_rope_ext import registry
+from hf_rope_ext.types import registry
 
 FREQUENCY_METHODS = [m for m in registry.methods() if m.kind == "frequency"]
 D = 16  # rotary dim of the tiny configs (head_dim 16)

@@ -1,4 +1,4 @@
-"""GGUF files as model inputs (``hf_rope_ext.from_gguf``): refused by name when they are not GGUF, converted once
+"""GGUF files as model inputs (``hf_rope_ext.store.from_gguf``): refused by name when they are not GGUF, converted once
 per file content. The conversion itself, on a real GGUF file, is in test_real_model.py."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import hf_rope_ext
-from hf_rope_ext import from_gguf, gguf_rope
 from hf_rope_ext.cli import main
+from hf_rope_ext.store import from_gguf, gguf_rope
 
 
 @pytest.fixture

@@ -157,7 +157,7 @@ def test_adapter_directory(saved, capsys):
 def test_run_folder_converts_its_top_level_files_and_names_the_subfolders_left_out(saved, capsys):
     from peft import LoraConfig, get_peft_model
 
-    from hf_rope_ext.cards import write_model_card
+    from hf_rope_ext.publish.cards import write_model_card
 
     model, tmp = saved
     run = tmp / "run"

@@ -13,9 +13,10 @@ from conftest import FAMILIES, TINY, tiny_config
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, RoFormerConfig, RoFormerModel
 
-from hf_rope_ext import convert_layout, registry
+from hf_rope_ext import convert_layout
 from hf_rope_ext.attention.layer import routes_through_attention
-from hf_rope_ext.registry import REQUIRED
+from hf_rope_ext.types import registry
+from hf_rope_ext.types.registry import REQUIRED
 
 IDS = torch.tensor([[5, 17, 3, 88, 42, 9, 61, 23, 7, 30, 11, 2]])
 LAYOUT_FAMILIES = sorted(FAMILIES) + ["phi3"]

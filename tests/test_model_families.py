@@ -7,8 +7,8 @@ import torch
 from conftest import FAMILIES, needs_legacy_kwarg, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from hf_rope_ext import registry
 from hf_rope_ext.attention.layer import routes_through_attention
+from hf_rope_ext.types import registry
 
 FREQUENCY_METHODS = [m for m in registry.methods() if m.kind == "frequency"]
 IDS = [m.name for m in FREQUENCY_METHODS]

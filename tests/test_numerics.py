@@ -7,7 +7,8 @@ import torch
 from conftest import tiny_model
 from transformers import AutoModelForCausalLM
 
-from hf_rope_ext import registry, rotary
+from hf_rope_ext import rotary
+from hf_rope_ext.types import registry
 
 POSITIONS = torch.arange(100_000, 131_072, 997)[None]  # [1, 32] positions past 100k
 # bf16 keeps 8 significant bits: rounding moves a value of magnitude <= scale by at most 2^-8 * scale.

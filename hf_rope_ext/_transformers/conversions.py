@@ -9,8 +9,8 @@ transformers' own tests (``test_reverse_loading_mapping``); it is never written.
 called by ``from_pretrained`` once the model is built from the checkpoint's config, by ``save_pretrained`` for a
 model not loaded from a checkpoint, and by peft. A model loaded from a checkpoint saves through
 ``model._weight_conversions`` (transformers' per-model record of the conversions it used on load);
-``convert_layout`` updates that record through :func:`record_layout_conversions`. :func:`uninstall` puts the stock
-function back.
+``convert_layout`` updates that record through :func:`record_layout_conversions`, which :func:`install` hands to it
+(``layout.model.on_convert``). :func:`uninstall` puts the stock function back.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 from transformers import conversion_mapping, modeling_utils
 from transformers.core_model_loading import ConversionOps, WeightConverter
 
+from ..layout import model as layout_model
 from ..layout.permute import block_rows, permute_rows
 from ..models import family_of, has_layout_facts
 
@@ -148,6 +149,7 @@ def install() -> None:
         if getattr(current, "hf_rope_ext_layout", None) is not layout_conversions:
             stock = getattr(current, "hf_rope_ext_stock", current)
             module.get_model_conversion_mapping = _with_layout_conversions(stock)
+    layout_model.on_convert(record_layout_conversions)
 
 
 def record_layout_conversions(model) -> None:
@@ -167,6 +169,7 @@ def record_layout_conversions(model) -> None:
 
 def uninstall() -> None:
     """Put transformers' own ``get_model_conversion_mapping`` back where it is looked up."""
+    layout_model.off_convert(record_layout_conversions)
     for module in _CONVERSION_SITES:
         module.get_model_conversion_mapping = getattr(
             module.get_model_conversion_mapping, "hf_rope_ext_stock", module.get_model_conversion_mapping

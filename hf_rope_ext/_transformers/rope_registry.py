@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
 
-from .. import registry
 from ..attention.layer import routes_through_attention
-from ..configure import restore_legacy_theta
 from ..frequencies.common import rope_setup
+from ..types import registry
+from ..types.rope_parameters import restore_legacy_theta
 
 
 def _identity_frequencies(config, device=None, seq_len=None, layer_type=None):

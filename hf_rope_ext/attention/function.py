@@ -10,8 +10,8 @@ read into the engines' form (``mask_formats``).
 
 from __future__ import annotations
 
-from .. import registry
 from ..models import unsupported_reason
+from ..types import registry
 from .engine import fast, reference, rotated_cache
 from .engine.call import Call, crop_empty_slots, key_positions, query_positions
 from .engine.temperature import temper

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import registry
 from ..models import is_rope_free_layer
+from ..types import registry
 from .engine.rotation import base_inv_freq
 from .methods.form import PLAIN, AttentionForm
 from .methods.params import FAMILIES

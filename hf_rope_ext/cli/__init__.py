@@ -12,8 +12,8 @@ import os
 import shlex
 import sys
 
-from .. import progress
-from ..did_you_mean import did_you_mean
+from ..util import progress
+from ..util.did_you_mean import did_you_mean
 from .errors import out_of_memory, out_of_memory_message
 
 # subcommand name -> module under hf_rope_ext.cli (modules import heavy libraries inside run(), not at import)
@@ -98,9 +98,9 @@ def _main(argv: list[str] | None) -> int:
 
 
 def quiet_progress(args) -> None:
-    """The one progress switch (``hf_rope_ext.progress``): nothing with ``--no-progress``, bars on a terminal, plain
-    periodic lines when stderr is a file or a pipe. Other libraries' bars (huggingface_hub's, datasets') show only as
-    bars on a terminal; transformers' "Loading weights" never (a command loads many models; its own loops report)."""
+    """The one progress switch (``hf_rope_ext.util.progress``): nothing with ``--no-progress``, bars on a terminal,
+    plain periodic lines when stderr is a file or a pipe. Other libraries' bars (huggingface_hub's, datasets') show only
+    as bars on a terminal; transformers' "Loading weights" never (a command loads many models; its own loops report)."""
     args._quiet = progress.configure(enabled=not getattr(args, "no_progress", False)) != "bars"
     if not args._quiet:
         return

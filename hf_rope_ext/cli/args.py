@@ -93,7 +93,7 @@ def add_rope_arguments(
 
 
 def progress_argument(parser) -> None:
-    """--no-progress, for every command that runs loops (``hf_rope_ext.progress``)."""
+    """--no-progress, for every command that runs loops (``hf_rope_ext.util.progress``)."""
     parser.add_argument(
         "--no-progress",
         action="store_true",

@@ -55,7 +55,6 @@ def add_parser(subparsers, name):
 def run(args) -> int:
     if args.ruler is not None:  # lm-eval's RULER tasks instead of the package's probes
         return ruler_cmd.run_eval(args)
-    from .. import bundled, outputs
     from ..eval import (
         EvalPlan,
         adapters,
@@ -68,6 +67,7 @@ def run(args) -> int:
         report,
     )
     from ..eval.metadata import run_metadata
+    from ..store import bundled, outputs
 
     for flag, path in (("--json", args.json), ("--plot", args.plot), ("--needle", args.needle)):
         outputs.check_file(path, args.overwrite, flag)

@@ -28,7 +28,7 @@ def add_parser(subparsers, name):
 
 
 def run(args) -> int:
-    from ..export import export
+    from ..publish.export import export
 
     result = export(
         args.src,

@@ -92,10 +92,10 @@ def factor_list(args) -> list[float]:
 
 
 def run(args) -> int:
-    from .. import bundled, extend, outputs
-    from ..eval import loading, parse_rope_params
+    from ..eval import compare, loading, parse_rope_params
     from ..eval.metadata import run_metadata
     from ..eval.runner import EvalPlan
+    from ..store import bundled, outputs
 
     started = time.time()
     if args.out is not None and args.rope_type in loading.NONE_TYPES:
@@ -123,7 +123,7 @@ def run(args) -> int:
         multikey_prompts=args.passkey_prompts,
         multikey_keys=args.passkey_keys,
     )
-    records = extend.run_comparison(
+    records = compare.run_comparison(
         path, methods, factor_list(args), plan, args.data, not args.no_progress, extra, dtype=args.dtype
     )
     pretrain = loading.pretraining_length(loading_config(path))
@@ -134,7 +134,7 @@ def run(args) -> int:
         if args.out is not None:
             chosen = [r for r in records if r["rope_type"] in (args.rope_type, "none") and "perplexity" in r]
             length = int(max(factor_list(args)) * pretrain)
-            extend.save_extended(
+            compare.save_extended(
                 path, args.rope_type, args.factor, out, chosen, "perplexity.png", extra, target, length
             )
             written += [("model", ""), ("card", "README.md")]
@@ -241,7 +241,7 @@ def tables(records, args, meta: dict) -> str:
 def header(records, args, meta: dict) -> str:
     """Model, documents, date, the command line and the versions (``meta``: the run's metadata), as the report's
     first lines."""
-    from .. import bundled
+    from ..store import bundled
 
     model = args.model or f"{bundled.default_model_path()} (bundled)"
     data = "the bundled eval split (stdlib files)" if args.data is None else ", ".join(args.data)

@@ -109,8 +109,8 @@ def add_parser(subparsers, name):
 
 def config_of(args):
     """The FinetuneConfig of the command line; a model folder is checked here (no Hub lookup for a path)."""
-    from ..bundled import default_model_path
     from ..eval import loading
+    from ..store.bundled import default_model_path
     from ..train import FinetuneConfig, parse_stages
 
     if args.max_steps is None and not args.stages:

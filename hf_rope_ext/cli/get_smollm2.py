@@ -33,14 +33,14 @@ def add_parser(subparsers, name):
 
 
 def run(args) -> int:
-    from ..smollm2 import ensure
+    from ..store.smollm2 import ensure
 
     if args.adapter is None:
         print(ensure(args.out))
         return 0
     if args.out is None:
         raise ValueError("--out: required with --adapter (the folder to write the adapter and its base to), got none")
-    from ..outputs import check_dir
+    from ..store.outputs import check_dir
     from ..train.bundle import adapter_weights, bundle_adapter
 
     adapter_weights(args.adapter)  # both checked before SmolLM2 is fetched

@@ -24,13 +24,14 @@ def add_parser(subparsers, name):
 
 
 def run(args) -> int:
-    from .. import configure, gguf_rope
     from ..eval import parse_rope_params
+    from ..store import gguf_rope
+    from ..types import rope_parameters
 
     if args.rope_type not in gguf_rope.TYPES:
         raise ValueError(f"--rope-type {args.rope_type!r}: llama.cpp's GGUF rope scaling takes {list(gguf_rope.TYPES)}")
     extra = parse_rope_params(args.rope_param)
     factor = {} if args.factor is None else {"factor": args.factor}
-    params = configure.rope_parameters_for(args.src, args.rope_type, **factor, **extra)
+    params = rope_parameters.rope_parameters_for(args.src, args.rope_type, **factor, **extra)
     print(f"wrote {gguf_rope.export_gguf(args.src, args.out, params)} with rope_parameters {params}")
     return 0

@@ -14,7 +14,7 @@ def add_parser(subparsers, name):
 def _parameter(default) -> dict:
     """A parameter's default with its JSON type kept (number, boolean, null; a string only where transformers
     derives it, e.g. "max_position_embeddings") and whether it must be given."""
-    from ..registry import REQUIRED
+    from ..types.registry import REQUIRED
 
     return {"default": None if default is REQUIRED else default, "required": default is REQUIRED}
 
@@ -25,8 +25,10 @@ def rows() -> list[dict]:
     Read from the registry and the table of transformers' own types, without importing transformers (so ``list``
     starts fast); tests check that it names exactly what ``ROPE_INIT_FUNCTIONS`` holds once the package is imported.
     """
-    from ..registry import BUILTIN_SUMMARIES, BUILTIN_TYPES, methods, type_spec
+    from .. import load_methods
+    from ..types.registry import BUILTIN_SUMMARIES, BUILTIN_TYPES, methods, type_spec
 
+    load_methods()
     table = [
         {
             "rope_type": m.name,

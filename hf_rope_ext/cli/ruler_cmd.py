@@ -57,7 +57,7 @@ def prepare(args) -> list[str]:
 
 
 def report_stage(args, prefix: str):
-    from .. import outputs
+    from ..store import outputs
 
     target = args.report_dir or Path("runs") / time.strftime(f"{prefix}-%Y%m%d-%H%M%S")
     return target, outputs.Staged(target, args.overwrite, "--report-dir")
@@ -65,8 +65,8 @@ def report_stage(args, prefix: str):
 
 def run_eval(args) -> int:
     """``hf-rope-ext eval --ruler``: one model, one rope type, at ``--lengths`` (default L0, 2 L0, 4 L0)."""
-    from .. import bundled
     from ..eval import adapters, loading, parse_rope_params, ruler
+    from ..store import bundled
 
     tasks = prepare(args)
     for flag in ("json", "plot", "needle"):

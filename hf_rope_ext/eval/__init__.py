@@ -5,7 +5,7 @@ records, plots)."""
 from .data import load_token_documents, resolve_files
 from .far_context import far_context_ratio, sliding_window_baseline, sliding_window_losses
 from .last_chunk import last_chunk_losses
-from .loading import load_model, load_tokenizer, parse_rope_params, rope_parameters_for
+from .loading import load_model, load_tokenizer, parse_rope_params, requested_parameters
 from .needle import needle_grid
 from .passkey import compose, passkey_accuracy, tokenize_pieces
 from .perplexity import token_losses, truncated_perplexity
@@ -30,7 +30,7 @@ __all__ = [
     "plot_heatmap",
     "plot_perplexity",
     "resolve_files",
-    "rope_parameters_for",
+    "requested_parameters",
     "sliding_window_baseline",
     "sliding_window_losses",
     "token_losses",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..files import read_json
-from ..quiet import peft_wrapping
-from ..sources import check_model_path, resolve_model
+from ..store.files import read_json
+from ..store.sources import check_model_path, resolve_model
+from ..util.quiet import peft_wrapping
 
 ADAPTER_CONFIG = "adapter_config.json"
 

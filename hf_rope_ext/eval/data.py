@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from .. import bundled
+from ..store import bundled
 from . import python_docs
 
 TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".json", ".jsonl", ".c", ".h", ".html", ".tex")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..progress import bar
+from ..util.progress import bar
 from .data import long_enough
 from .perplexity import token_losses
 

@@ -1,6 +1,6 @@
 """Load a causal LM with a rope type applied, the package's user-facing way: ``from_pretrained(rope_parameters=...)``.
 
-``rope_parameters_for`` builds the dict: the saved ``rope_theta``, ``factor`` where the type takes one, and
+``requested_parameters`` builds the dict: the saved ``rope_theta``, ``factor`` where the type takes one, and
 ``original_max_position_embeddings`` set to the model's pretraining length (L0) where the type takes it.
 ``max_position_embeddings`` is left as saved: transformers' ``dynamic`` reads it as L0.
 """
@@ -11,17 +11,19 @@ import json
 
 import torch
 
-from .. import configure, sources
-from ..configure import accepted_keys, pretraining_length  # noqa: F401  (pretraining_length: read from here too)
-from ..did_you_mean import typo_of
-from ..sources import check_model_path, resolve_model  # noqa: F401  (the commands read them from here)
+from ..store import sources
+from ..store.sources import check_model_path, resolve_model  # noqa: F401  (the commands read them from here)
+from ..types import rope_parameters
+from ..types.rope_parameters import accepted_keys, pretraining_length  # noqa: F401  (pretraining_length: read from here too)
+from ..util.did_you_mean import typo_of
 from . import adapters
 
 NONE_TYPES = (None, "none", "default")  # "the model as saved"
 
 
-def rope_parameters_for(config, rope_type: str | None, factor: float | None = None, extra: dict | None = None):
-    """The ``rope_parameters`` dict applying ``rope_type`` to a model of ``config``; None for the model as saved."""
+def requested_parameters(config, rope_type: str | None, factor: float | None = None, extra: dict | None = None):
+    """The ``rope_parameters`` a command's flags (``--rope-type``, ``--factor``, ``--rope-param``) ask of a model of
+    ``config`` (``types.rope_parameters.rope_parameters_for`` after checking the flags); None for the model as saved."""
     extra = dict(extra or {})
     if rope_type in NONE_TYPES:
         if factor is not None or extra:
@@ -39,7 +41,7 @@ def rope_parameters_for(config, rope_type: str | None, factor: float | None = No
         raise KeyError(
             f"rope_type={rope_type!r} needs {missing[0]!r} (pass --factor or --rope-param {missing[0]}=...){typo}"
         )
-    return configure.rope_parameters_for(config, rope_type, **extra)
+    return rope_parameters.rope_parameters_for(config, rope_type, **extra)
 
 
 def parse_rope_params(items: list[str] | None) -> dict:

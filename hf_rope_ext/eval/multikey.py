@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..progress import bar
+from ..util.progress import bar
 from .passkey import FILLER, TASK, by_depth, filler_tokens, passkeys
 
 OBJECTS = ("red door", "blue box", "green gate", "yellow chest", "white safe", "black drawer", "grey locker")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import bundled
-from ..progress import bar
+from ..store import bundled
+from ..util.progress import bar
 from .data import resolve_files
 from .passkey import compose, generation_hit, passkeys, spread_depths, teacher_forced_hit, tokenize_pieces
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..progress import bar
-from ..quiet import generating_past_max_length
+from ..util.progress import bar
+from ..util.quiet import generating_past_max_length
 from .data import encode
 
 TASK = (

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..progress import bar
+from ..util.progress import bar
 from .data import long_enough
 from .losses import next_token_losses
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..registry import BUILTIN_TYPES, get_method
+from ..types.registry import BUILTIN_TYPES, get_method
 
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
 LINESTYLES = ("-", "--", "-.", ":")

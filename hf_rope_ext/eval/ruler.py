@@ -107,7 +107,7 @@ def evaluate_path(path, rope_type, factor, extra, tasks, lengths, limit=None, ad
     from .runner import label
 
     folder = adapters.config_folder(path, adapter)
-    params = loading.rope_parameters_for(loading.load_config(folder), rope_type, factor, extra)
+    params = loading.requested_parameters(loading.load_config(folder), rope_type, factor, extra)
     tokenizer = loading.load_tokenizer(folder)
     check(tasks, tokenizer, lengths)
     model = loading.load_model(path, params, dtype=getattr(torch, dtype), adapter=adapter)
@@ -118,20 +118,19 @@ def evaluate_path(path, rope_type, factor, extra, tasks, lengths, limit=None, ad
 
 def compare(path, methods, factors, tasks, limit=None, extra=None, dtype="float32", progress=True, **kw):
     """``extend --ruler``: every method (None: as saved) at the lengths ``extend`` reads it at (L0 and s x L0 with
-    factor s, ``extend.method_runs``), with the parameters ``extend`` gives it (``extend.run_parameters``)."""
+    factor s, ``compare.method_runs``), with the parameters ``extend`` gives it (``compare.run_parameters``)."""
     import torch
 
-    from .. import extend
-    from ..progress import bar
-    from . import loading
+    from ..util.progress import bar
+    from . import compare, loading
     from .runner import label
 
     config = loading.load_config(path)
     pretrain = loading.pretraining_length(config)
-    methods = extend.applicable_methods(config) if methods is None else list(methods)
-    runs = {m: extend.method_runs(m, pretrain, factors) for m in methods}
+    methods = compare.applicable_methods(config) if methods is None else list(methods)
+    runs = {m: compare.method_runs(m, pretrain, factors) for m in methods}
     params = {  # every method's parameters checked before the first long run
-        (m, s): extend.run_parameters(config, m, s, pretrain, extra if m is not None else None)
+        (m, s): compare.run_parameters(config, m, s, pretrain, extra if m is not None else None)
         for m in methods
         for s, _ in runs[m]
     }

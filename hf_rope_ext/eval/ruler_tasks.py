@@ -19,7 +19,7 @@ import contextlib
 import io
 import sys
 
-from ..did_you_mean import did_you_mean
+from ..util.did_you_mean import did_you_mean
 
 OFFLINE = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")
 ESSAY = ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multiquery", "niah_multivalue")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .adapters import config_folder
 from .data import load_token_documents, long_enough
 from .last_chunk import last_chunk_losses
-from .loading import load_config, load_model, load_tokenizer, rope_parameters_for
+from .loading import load_config, load_model, load_tokenizer, requested_parameters
 from .multikey import multikey_accuracy
 from .passkey import passkey_accuracy
 from .perplexity import CachedLosses, truncated_perplexity
@@ -77,7 +77,7 @@ def evaluate(
     """Load ``path`` with the rope type applied (none: as saved), and the peft ``adapter`` folder on top when given
     (``eval.adapters``), and evaluate it; returns the records."""
     config = load_config(config_folder(path, adapter))
-    rope_parameters = rope_parameters_for(config, rope_type, factor, extra)
+    rope_parameters = requested_parameters(config, rope_type, factor, extra)
     tokenizer = load_tokenizer(config_folder(path, adapter))
     documents = load_token_documents(tokenizer, data)
     model = load_model(path, rope_parameters, adapter=adapter)

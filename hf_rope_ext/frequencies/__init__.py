@@ -1,6 +1,4 @@
-"""Frequency-level methods: each module declares one rope_type (``METHOD``) that only changes inv_freq (and the
-cos/sin scale); ``registry`` registers every one of ``METHODS``."""
+"""Frequency-level methods: each module declares and registers one rope_type (``METHOD``) that only changes inv_freq
+(and the cos/sin scale). Importing this package registers them all (``hf_rope_ext.load_methods``)."""
 
-from . import dynamic_yarn, ntk, ntk_by_parts, part_ntk
-
-METHODS = (dynamic_yarn.METHOD, ntk.METHOD, ntk_by_parts.METHOD, part_ntk.METHOD)
+from . import dynamic_yarn, ntk, ntk_by_parts, part_ntk  # noqa: F401  (each registers its method)

@@ -6,8 +6,9 @@ calls this function again with the current length whenever the sequence grows pa
 
 import math
 
-from ..declare import REQUIRED, Param, RopeMethod
 from ..models import DYNAMIC_FAMILIES, check_dynamic_family
+from ..types.declare import REQUIRED, Param, RopeMethod
+from ..types.registry import register
 from .common import as_float, rope_setup
 from .ntk_by_parts import by_parts_inv_freq, check_betas
 from .params import BETA_FAST, BETA_SLOW, TRUNCATE
@@ -53,20 +54,24 @@ def check_dynamic_yarn(params: dict, config) -> None:
     check_dynamic_family(params, config)  # only where no state outlives a call (issue 16)
 
 
-METHOD = RopeMethod(
-    name="dynamic_yarn",
-    kind="frequency",
-    frequencies=compute_dynamic_yarn,
-    params={
-        "original_max_position_embeddings": ORIGINAL_MAX_REQUIRED,
-        "beta_fast": BETA_FAST,
-        "beta_slow": BETA_SLOW,
-        "truncate": TRUNCATE,
-        "attention_factor": Param(default=None, exclusive_minimum=0, help="fixed cos/sin scale; default 0.1 ln s + 1"),
-    },
-    summary="YaRN with factor max(1, seq_len/L0), recomputed as the sequence grows",
-    dynamic=True,
-    check=check_dynamic_yarn,
-    families=DYNAMIC_FAMILIES,
-    example={"original_max_position_embeddings": 64},  # the tiny test models' pretraining length
+METHOD = register(
+    RopeMethod(
+        name="dynamic_yarn",
+        kind="frequency",
+        frequencies=compute_dynamic_yarn,
+        params={
+            "original_max_position_embeddings": ORIGINAL_MAX_REQUIRED,
+            "beta_fast": BETA_FAST,
+            "beta_slow": BETA_SLOW,
+            "truncate": TRUNCATE,
+            "attention_factor": Param(
+                default=None, exclusive_minimum=0, help="fixed cos/sin scale; default 0.1 ln s + 1"
+            ),
+        },
+        summary="YaRN with factor max(1, seq_len/L0), recomputed as the sequence grows",
+        dynamic=True,
+        check=check_dynamic_yarn,
+        families=DYNAMIC_FAMILIES,
+        example={"original_max_position_embeddings": 64},  # the tiny test models' pretraining length
+    )
 )

@@ -1,6 +1,7 @@
 """``ntk``: NTK-aware (beta-ary) scaling: a larger base b * s^(d/(d-2)), attention factor 1."""
 
-from ..declare import RopeMethod
+from ..types.declare import RopeMethod
+from ..types.registry import register
 from .common import inv_freq_for_base, rope_setup
 from .params import FACTOR, ORIGINAL_MAX
 
@@ -15,11 +16,13 @@ def compute_ntk(config, device=None, seq_len=None, layer_type=None):
     return inv_freq_for_base(ntk_base(s.base, float(s.params["factor"]), s.dim), s.dim, device), 1.0
 
 
-METHOD = RopeMethod(
-    name="ntk",
-    kind="frequency",
-    frequencies=compute_ntk,
-    params={"factor": FACTOR, "original_max_position_embeddings": ORIGINAL_MAX},
-    example={"factor": 4.0},
-    summary="NTK-aware scaling: base b*s^(d/(d-2)), no attention factor",
+METHOD = register(
+    RopeMethod(
+        name="ntk",
+        kind="frequency",
+        frequencies=compute_ntk,
+        params={"factor": FACTOR, "original_max_position_embeddings": ORIGINAL_MAX},
+        example={"factor": 4.0},
+        summary="NTK-aware scaling: base b*s^(d/(d-2)), no attention factor",
+    )
 )

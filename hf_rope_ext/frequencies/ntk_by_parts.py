@@ -4,7 +4,8 @@ Pairs that turn more than ``beta_fast`` times in L0 keep theta_i (extrapolate), 
 ``beta_slow`` times get theta_i / s (interpolate), with a linear ramp in the pair index between.
 """
 
-from ..declare import RopeMethod
+from ..types.declare import RopeMethod
+from ..types.registry import register
 from .common import correction_range, exponents, ramp, rope_setup
 from .params import BETA_FAST, BETA_SLOW, FACTOR, ORIGINAL_MAX, TRUNCATE, require_greater
 
@@ -37,18 +38,20 @@ def check_betas(params: dict, config) -> None:
     require_greater(params, "beta_fast", "beta_slow", 32.0, 1.0)
 
 
-METHOD = RopeMethod(
-    name="ntk_by_parts",
-    kind="frequency",
-    frequencies=compute_ntk_by_parts,
-    params={
-        "factor": FACTOR,
-        "original_max_position_embeddings": ORIGINAL_MAX,
-        "beta_fast": BETA_FAST,
-        "beta_slow": BETA_SLOW,
-        "truncate": TRUNCATE,
-    },
-    example={"factor": 4.0},
-    summary="YaRN's NTK-by-parts frequencies, attention factor 1",
-    check=check_betas,
+METHOD = register(
+    RopeMethod(
+        name="ntk_by_parts",
+        kind="frequency",
+        frequencies=compute_ntk_by_parts,
+        params={
+            "factor": FACTOR,
+            "original_max_position_embeddings": ORIGINAL_MAX,
+            "beta_fast": BETA_FAST,
+            "beta_slow": BETA_SLOW,
+            "truncate": TRUNCATE,
+        },
+        example={"factor": 4.0},
+        summary="YaRN's NTK-by-parts frequencies, attention factor 1",
+        check=check_betas,
+    )
 )

@@ -1,6 +1,6 @@
 """Parameter specifications shared by several methods."""
 
-from ..declare import Param, require_greater
+from ..types.declare import Param, require_greater
 
 FACTOR = Param(minimum=1.0, help="context extension factor s (target length / L0)")
 ORIGINAL_MAX = Param(default=None, kind="int", minimum=1, help="L0, the pretraining length (max_position_embeddings)")

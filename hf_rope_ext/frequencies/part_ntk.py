@@ -7,7 +7,8 @@ theta_i' (base b*s^(d/(d-2))). Pairs that turn fewer than ``beta_1`` times in L0
 take theta_i unchanged (weighted by ``extrapolation_factor``), with linear ramps in between.
 """
 
-from ..declare import Param, RopeMethod
+from ..types.declare import Param, RopeMethod
+from ..types.registry import register
 from .common import correction_range, inv_freq_for_base, ramp, rope_setup
 from .ntk import ntk_base
 from .params import FACTOR, ORIGINAL_MAX, require_greater
@@ -50,22 +51,24 @@ def _rotations(name: str, text: str) -> Param:
     return Param(default=CONSTANTS[name], exclusive_minimum=0, help=text)
 
 
-METHOD = RopeMethod(
-    name="part_ntk",
-    kind="frequency",
-    frequencies=compute_part_ntk,
-    params={
-        "factor": FACTOR,
-        "original_max_position_embeddings": ORIGINAL_MAX,
-        "ntk_factor": Param(default=1.0, minimum=0, help="weight of the NTK band against linear"),
-        "extrapolation_factor": Param(default=1.0, minimum=0, help="weight of the unscaled band"),
-        "beta_0": _rotations("beta_0", "rotations in L0 above which NTK is used"),
-        "beta_1": _rotations("beta_1", "rotations in L0 below which linear is used"),
-        "gamma_0": _rotations("gamma_0", "rotations in L0 above which theta_i is kept"),
-        "gamma_1": _rotations("gamma_1", "rotations in L0 below which the NTK/linear blend is used"),
-    },
-    example={"factor": 4.0},
-    summary="three bands by turns in L0: below beta_1 theta_i/s, above beta_0 the NTK-aware base, above gamma_0 "
-    "theta_i kept; linear ramps between",
-    check=check_constants,
+METHOD = register(
+    RopeMethod(
+        name="part_ntk",
+        kind="frequency",
+        frequencies=compute_part_ntk,
+        params={
+            "factor": FACTOR,
+            "original_max_position_embeddings": ORIGINAL_MAX,
+            "ntk_factor": Param(default=1.0, minimum=0, help="weight of the NTK band against linear"),
+            "extrapolation_factor": Param(default=1.0, minimum=0, help="weight of the unscaled band"),
+            "beta_0": _rotations("beta_0", "rotations in L0 above which NTK is used"),
+            "beta_1": _rotations("beta_1", "rotations in L0 below which linear is used"),
+            "gamma_0": _rotations("gamma_0", "rotations in L0 above which theta_i is kept"),
+            "gamma_1": _rotations("gamma_1", "rotations in L0 below which the NTK/linear blend is used"),
+        },
+        example={"factor": 4.0},
+        summary="three bands by turns in L0: below beta_1 theta_i/s, above beta_0 the NTK-aware base, above gamma_0 "
+        "theta_i kept; linear ramps between",
+        check=check_constants,
+    )
 )

@@ -3,7 +3,7 @@
 The source directory is only read. Its top-level files are converted (``*.safetensors``) or copied (config,
 tokenizer, card...); its subfolders are left out and named in the summary: a fine-tuning run's ``checkpoints/``
 hold optimizer state in the old layout, and ``merged/`` is a model of its own (convert it with a second call).
-The result is staged beside ``dst`` and moved into place at the end (:class:`hf_rope_ext.outputs.Staged`), so a
+The result is staged beside ``dst`` and moved into place at the end (:class:`hf_rope_ext.store.outputs.Staged`), so a
 failure leaves ``dst`` as it was, and ``overwrite`` replaces only the files written here.
 """
 
@@ -16,11 +16,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cards import relabel_layout
-from ..files import check_folder, read_json
 from ..models import family_of
-from ..outputs import Staged
-from ..progress import bar
+from ..store.files import check_folder, read_json
+from ..store.outputs import Staged
+from ..util.progress import bar
+from .card_line import relabel_layout
 from .state_dict import check_direction, convert_tensors
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -35,7 +35,7 @@ class Conversion:
     to: str
     files: dict[str, list[str]] = field(default_factory=dict)  # file name -> permuted keys
     left_out: list[str] = field(default_factory=list)  # subfolders of src not written to dst
-    output_notes: list[str] = field(default_factory=list)  # files of dst kept or removed (hf_rope_ext.outputs)
+    output_notes: list[str] = field(default_factory=list)  # files of dst kept or removed (hf_rope_ext.store.outputs)
 
     def summary(self) -> list[str]:
         """What was permuted, keys with layer numbers folded to ``*`` and counted over all files; what was left out."""

@@ -8,19 +8,35 @@ What "layout" means for a live model depends on the family (see :class:`hf_rope_
   logits stay as they are.
 - RoFormer: the model in memory holds the layout its config records; converting permutes its q/k tensors
   (and lora_B rows of a peft model) in place.
+
+What ``save_pretrained`` writes for a loaded model is transformers' record of its weight conversions; the seam that
+keeps it (``_transformers.conversions``) asks to hear of every conversion (:func:`on_convert`), so this module
+imports nothing of transformers' internals.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
-from .._transformers.conversions import record_layout_conversions
 from ..models import check_layout, family_of
 from .keys import projection_of
 from .permute import block_rows, permute_rows
 from .state_dict import check_direction, convert_tensors
+
+_ON_CONVERT: list[Callable] = []  # called with each converted model whose family loads to half
+
+
+def on_convert(callback: Callable) -> None:
+    """Call ``callback(model)`` after each conversion of a model whose family loads to half (once per callback)."""
+    if callback not in _ON_CONVERT:
+        _ON_CONVERT.append(callback)
+
+
+def off_convert(callback: Callable) -> None:
+    if callback in _ON_CONVERT:
+        _ON_CONVERT.remove(callback)
 
 
 def convert_layout(model_or_state_dict, to: str = "half", config=None, *, source: str | None = None):
@@ -62,7 +78,8 @@ def _convert_model(model: torch.nn.Module, to: str, config) -> torch.nn.Module:
     _permute_parameters(model, family, config, to, check_only=family.loads_to_half)
     config.rope_layout = to
     if family.loads_to_half:
-        record_layout_conversions(base)  # what save_pretrained applies follows the new layout
+        for callback in _ON_CONVERT:  # the seam: what save_pretrained applies follows the new layout
+            callback(base)
     return model
 
 

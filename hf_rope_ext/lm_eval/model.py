@@ -17,8 +17,8 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from ..did_you_mean import did_you_mean
 from ..eval import adapters, loading
+from ..util.did_you_mean import did_you_mean
 
 MODEL_NAME = "hf-rope-ext"
 OWN = ("pretrained", "rope_type", "factor", "adapter", "dtype", "device", "max_length")
@@ -73,7 +73,7 @@ class RopeExtLM(HFLM):
         config = loading.load_config(folder)
         extra = rope_arguments(rope_type, kwargs)
         factor = None if factor is None else float(factor)
-        params = loading.rope_parameters_for(config, rope_type, factor, extra)
+        params = loading.requested_parameters(config, rope_type, factor, extra)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         model = loading.load_model(path, params, dtype=dtype_of(dtype), device=device, adapter=adapter)
         pretrain = loading.pretraining_length(config)

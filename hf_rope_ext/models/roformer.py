@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from .. import registry
 from ..frequencies.common import inv_freq_for_base, rope_setup
 from ..rotary import apply_rotary
+from ..types import registry
 from .family import check_layout, head_dim_of
 
 NATIVE_LAYOUT = "interleaved"

@@ -22,9 +22,9 @@ import json
 import shutil
 from pathlib import Path
 
-from ..files import read_json
-from ..outputs import CARD, MANIFEST, Staged
-from ..sources import check_model_path
+from ..store.files import read_json
+from ..store.outputs import CARD, MANIFEST, Staged
+from ..store.sources import check_model_path
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..files import read_json
+from ..store.files import read_json
 
 STATE_FILE = "trainer_state.json"
 PLAN_DEFAULTS = {"processes": 1}  # keys older checkpoints lack, as they were then

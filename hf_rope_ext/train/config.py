@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..files import check_folder
+from ..store.files import check_folder
 from .csv_log import LOG_FILE
 from .loop import LoopSettings, Stage
 from .positions import check_schedule

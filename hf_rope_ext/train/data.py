@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..bundled import corpus_files
 from ..eval import load_token_documents
+from ..store.bundled import corpus_files
 
 if TYPE_CHECKING:
     from .config import FinetuneConfig

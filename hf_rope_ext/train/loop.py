@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..progress import bar as progress_bar
+from ..util.progress import bar as progress_bar
 from .batches import data_parallel, micro_batches, stage_loaders
 from .checkpoints import keep_trainable_only, load_checkpoint, save_checkpoint
 from .context_parallel import shifted_labels

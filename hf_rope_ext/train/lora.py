@@ -7,7 +7,7 @@ Embeddings and norms go through peft's ``modules_to_save``, so they are saved in
 
 from __future__ import annotations
 
-from ..quiet import peft_wrapping
+from ..util.quiet import peft_wrapping
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 

@@ -11,8 +11,8 @@ import os
 
 import torch
 
-from .. import registry
-from ..configure import accepted_keys, extended_max_positions, rope_parameters_for
+from ..types import registry
+from ..types.rope_parameters import accepted_keys, extended_max_positions, rope_parameters_for
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import torch
 
-from ..cards import write_model_card
 from ..eval import EvalPlan, evaluate_model
 from ..eval.far_context import sliding_window_baseline, with_far_context
-from ..files import read_json
-from ..quiet import enable_activation_checkpointing, peft_wrapping
+from ..publish.cards import write_model_card
+from ..store.files import read_json
+from ..util.quiet import enable_activation_checkpointing, peft_wrapping
 from .config import MERGED_DIR, RESULTS_FILE, FinetuneConfig, plan_stages, settings_of, training_summary
 from .data import load_text, packed_stages
 from .lora import apply_lora

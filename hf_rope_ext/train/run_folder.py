@@ -17,7 +17,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..outputs import apply_umask
+from ..store.outputs import apply_umask
 from .checkpoints import latest_checkpoint
 from .csv_log import LOG_FILE
 from .interrupt import Interrupted

@@ -18,7 +18,7 @@ from . import rotated_cache
 from .call import Call
 from .kernels import attend_piece
 from .lse import Rows, causal_lse, merge
-from .pieces import Piece, needs_grad
+from .piece import Piece, needs_grad
 from .rotation import rotate
 
 

@@ -17,7 +17,7 @@ import torch
 from ..methods.form import origin
 from .call import Call
 from .kernels import attend_piece
-from .pieces import Piece, needs_grad
+from .piece import Piece, needs_grad
 from .rotation import half_cos_sin64, turn
 from .two_band import far_keys, near_keys
 

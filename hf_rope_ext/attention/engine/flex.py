@@ -18,7 +18,7 @@ import functools
 import torch
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_block_mask, flex_attention
 
-from .pieces import Piece
+from .piece import Piece
 
 BLOCK = 128  # flex_attention's block size, rows and columns
 FAR = 2**40  # a distance beyond any sequence: stands for an unbounded end of a piece's range

@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional as F
 
 from .flex import compiled_flex_kernel
-from .pieces import Piece, expand_heads, needs_grad
+from .piece import Piece, expand_heads, needs_grad
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward

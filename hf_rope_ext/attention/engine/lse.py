@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .kernels import attend_piece
-from .pieces import Piece, needs_grad
+from .piece import Piece, needs_grad
 
 
 def merge_weights(l1: torch.Tensor, l2: torch.Tensor):

@@ -10,7 +10,7 @@ import torch
 from .call import Call, chunk_mask
 from .kernels import attend_piece
 from .lse import merge
-from .pieces import Piece
+from .piece import Piece
 from .reference import additive
 from .rotation import rotate
 from .two_band import far_keys, far_queries

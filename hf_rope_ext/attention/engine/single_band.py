@@ -9,11 +9,7 @@ from torch.nn import functional as F
 
 from . import rotated_cache
 from .call import Call
-from .kernels import attend_piece
-from .lse import Rows, causal_lse
-from .pieces import Piece, needs_grad
-from .rotation import half_cos_sin64, rotate, turn
-from .treatments import (
+from .decay_and_value_turns import (
     decay_rows,
     exponent_bound,
     key_log_scale,
@@ -23,6 +19,10 @@ from .treatments import (
     turn_output_back,
     value_inv_freq,
 )
+from .kernels import attend_piece
+from .lse import Rows, causal_lse
+from .piece import Piece, needs_grad
+from .rotation import half_cos_sin64, rotate, turn
 
 ROWS = 1024  # query rows per chunk at most: its rotated queries and outputs are the temporaries
 

@@ -2,16 +2,6 @@
 ``RopeMethod.attention`` (``form.AttentionForm``) says which bands its scores have, which keys each band covers, the
 positions its queries and keys are rotated by, and how values and outputs are treated. Nothing here computes:
 ``attention.engine`` runs every declaration, and nothing here imports torch (``hf-rope-ext list`` reads these
-modules); ``registry`` registers every one of ``METHODS``."""
+modules); each module registers its declaration into the table (``types.registry``) when imported."""
 
-from . import dual_chunk, leaky_rerope, rerope, roper, self_extend, string, xpos
-
-METHODS = (
-    dual_chunk.METHOD,
-    leaky_rerope.METHOD,
-    rerope.METHOD,
-    roper.METHOD,
-    self_extend.METHOD,
-    string.METHOD,
-    xpos.METHOD,
-)
+from . import dual_chunk, leaky_rerope, rerope, roper, self_extend, string, xpos  # noqa: F401  (each registers)

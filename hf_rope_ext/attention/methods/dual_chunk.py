@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...declare import REQUIRED, Param, RopeMethod
 from ...frequencies.common import plain_frequencies
 from ...frequencies.params import ORIGINAL_MAX
+from ...types.declare import REQUIRED, Param, RopeMethod
+from ...types.registry import register
 from .form import AttentionForm, Band
 from .params import FAMILIES, TEMPERATURE, check_family, pretrained_length
 
@@ -91,33 +92,35 @@ def check_dual_chunk(params: dict, config) -> None:
         )
 
 
-METHOD = RopeMethod(
-    name="dual_chunk",
-    kind="attention",
-    frequencies=plain_frequencies,
-    params={
-        "chunk_size": Param(
-            default=REQUIRED, kind="int", minimum=1, help="no distance exceeds it; below L0 (the authors' 3/4 L0)"
+METHOD = register(
+    RopeMethod(
+        name="dual_chunk",
+        kind="attention",
+        frequencies=plain_frequencies,
+        params={
+            "chunk_size": Param(
+                default=REQUIRED, kind="int", minimum=1, help="no distance exceeds it; below L0 (the authors' 3/4 L0)"
+            ),
+            "local_size": Param(
+                default=REQUIRED,
+                kind="int",
+                minimum=0,
+                help="chunks are chunk_size - local_size long; below chunk_size (the authors' L0/16)",
+            ),
+            "original_max_position_embeddings": ORIGINAL_MAX,
+            **TEMPERATURE,
+        },
+        summary="Dual Chunk Attention: keys at n mod c, queries by chunk gap (intra, successive, inter)",
+        check=check_dual_chunk,
+        families=FAMILIES,
+        example={"chunk_size": 12, "local_size": 4},
+        attention=AttentionForm(
+            bands=(
+                Band(intra, intra_query, key_position),
+                Band(successive, successive_query, key_position),
+                Band(inter, inter_query, key_position),
+            ),
+            chunks=chunk,
         ),
-        "local_size": Param(
-            default=REQUIRED,
-            kind="int",
-            minimum=0,
-            help="chunks are chunk_size - local_size long; below chunk_size (the authors' L0/16)",
-        ),
-        "original_max_position_embeddings": ORIGINAL_MAX,
-        **TEMPERATURE,
-    },
-    summary="Dual Chunk Attention: keys at n mod c, queries by chunk gap (intra, successive, inter)",
-    check=check_dual_chunk,
-    families=FAMILIES,
-    example={"chunk_size": 12, "local_size": 4},
-    attention=AttentionForm(
-        bands=(
-            Band(intra, intra_query, key_position),
-            Band(successive, successive_query, key_position),
-            Band(inter, inter_query, key_position),
-        ),
-        chunks=chunk,
-    ),
+    )
 )

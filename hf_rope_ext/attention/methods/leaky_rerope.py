@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...declare import RopeMethod
 from ...frequencies.common import plain_frequencies
+from ...types.declare import RopeMethod
+from ...types.registry import register
 from .form import two_bands
 from .params import FACTOR, FAMILIES, TEMPERATURE, WINDOWED, check_window
 
@@ -25,14 +26,16 @@ def far_key(n: Tensor, params: dict) -> Tensor:
     return n.double() / float(params["factor"])
 
 
-METHOD = RopeMethod(
-    name="leaky_rerope",
-    kind="attention",
-    frequencies=plain_frequencies,
-    params={"factor": FACTOR, **WINDOWED, **TEMPERATURE},
-    summary="leaky ReRoPE: m-n inside the window, window + (m-n-window)/factor beyond",
-    check=check_window,
-    families=FAMILIES,
-    example={"window": 16, "factor": 4.0},
-    attention=two_bands(far_query, far_key),
+METHOD = register(
+    RopeMethod(
+        name="leaky_rerope",
+        kind="attention",
+        frequencies=plain_frequencies,
+        params={"factor": FACTOR, **WINDOWED, **TEMPERATURE},
+        summary="leaky ReRoPE: m-n inside the window, window + (m-n-window)/factor beyond",
+        check=check_window,
+        families=FAMILIES,
+        example={"window": 16, "factor": 4.0},
+        attention=two_bands(far_query, far_key),
+    )
 )

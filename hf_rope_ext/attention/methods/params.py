@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ...declare import REQUIRED, Param
 from ...frequencies.params import ORIGINAL_MAX
 from ...models import ATTENTION_FAMILIES, refuse_family
+from ...types.declare import REQUIRED, Param
 
 FAMILIES = ATTENTION_FAMILIES  # the model types whose attention modules the attention function serves (models/)
 

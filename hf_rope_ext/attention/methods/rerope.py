@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...declare import RopeMethod
 from ...frequencies.common import plain_frequencies
+from ...types.declare import RopeMethod
+from ...types.registry import register
 from .form import origin, two_bands
 from .params import FAMILIES, TEMPERATURE, WINDOWED, check_window
 
@@ -20,14 +21,16 @@ def far_query(m: Tensor, params: dict) -> Tensor:
     return m.new_full(m.shape, int(params["window"]))
 
 
-METHOD = RopeMethod(
-    name="rerope",
-    kind="attention",
-    frequencies=plain_frequencies,
-    params={**WINDOWED, **TEMPERATURE},
-    summary="ReRoPE: relative distance min(m-n, window)",
-    check=check_window,
-    families=FAMILIES,
-    example={"window": 16},
-    attention=two_bands(far_query, origin),
+METHOD = register(
+    RopeMethod(
+        name="rerope",
+        kind="attention",
+        frequencies=plain_frequencies,
+        params={**WINDOWED, **TEMPERATURE},
+        summary="ReRoPE: relative distance min(m-n, window)",
+        check=check_window,
+        families=FAMILIES,
+        example={"window": 16},
+        attention=two_bands(far_query, origin),
+    )
 )

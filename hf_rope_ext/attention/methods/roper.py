@@ -7,8 +7,9 @@ frequencies theta_j = b^(-2j/r_v); value dims past r_v pass through."""
 
 from __future__ import annotations
 
-from ...declare import REQUIRED, Param, RopeMethod
 from ...frequencies.common import plain_frequencies
+from ...types.declare import REQUIRED, Param, RopeMethod
+from ...types.registry import register
 from .form import AttentionForm, ValueTurn
 from .params import FAMILIES, TEMPERATURE, check_family
 
@@ -34,22 +35,24 @@ def value_dims(params: dict, rotary_dim: int, value_dim: int) -> int:
     return dims
 
 
-METHOD = RopeMethod(
-    name="roper",
-    kind="attention",
-    frequencies=plain_frequencies,
-    params={
-        "value_rotary_factor": Param(
-            default=REQUIRED,
-            exclusive_minimum=0,
-            help="fraction of the rotary dims whose values are turned too (labml's rope_value_percentage), <= 1",
-        ),
-        **TEMPERATURE,
-    },
-    summary="RoPER: values rotated by position, output rotated back by the query's (needs training)",
-    check=check_roper,
-    families=FAMILIES,
-    training_free=False,
-    example={"value_rotary_factor": 1.0},
-    attention=AttentionForm(values=ValueTurn(value_dims)),
+METHOD = register(
+    RopeMethod(
+        name="roper",
+        kind="attention",
+        frequencies=plain_frequencies,
+        params={
+            "value_rotary_factor": Param(
+                default=REQUIRED,
+                exclusive_minimum=0,
+                help="fraction of the rotary dims whose values are turned too (labml's rope_value_percentage), <= 1",
+            ),
+            **TEMPERATURE,
+        },
+        summary="RoPER: values rotated by position, output rotated back by the query's (needs training)",
+        check=check_roper,
+        families=FAMILIES,
+        training_free=False,
+        example={"value_rotary_factor": 1.0},
+        attention=AttentionForm(values=ValueTurn(value_dims)),
+    )
 )

@@ -14,8 +14,9 @@ import math
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from ...declare import RopeMethod
 from ...frequencies.common import plain_frequencies
+from ...types.declare import RopeMethod
+from ...types.registry import register
 from .form import two_bands
 from .params import FAMILIES, GROUP_SIZE, TEMPERATURE, WINDOWED, check_window
 
@@ -45,14 +46,16 @@ def authors_defaults(factor: float, pretrained: int) -> dict:
     return {"window": window, "group_size": max(1, group)}
 
 
-METHOD = RopeMethod(
-    name="self_extend",
-    kind="attention",
-    frequencies=plain_frequencies,
-    params={"group_size": GROUP_SIZE, **WINDOWED, **TEMPERATURE},
-    summary="Self-Extend: exact inside the window, floor(pos/group_size) beyond",
-    check=check_window,
-    families=FAMILIES,
-    example={"window": 16, "group_size": 4},
-    attention=two_bands(far_query, far_key),
+METHOD = register(
+    RopeMethod(
+        name="self_extend",
+        kind="attention",
+        frequencies=plain_frequencies,
+        params={"group_size": GROUP_SIZE, **WINDOWED, **TEMPERATURE},
+        summary="Self-Extend: exact inside the window, floor(pos/group_size) beyond",
+        check=check_window,
+        families=FAMILIES,
+        example={"window": 16, "group_size": 4},
+        attention=two_bands(far_query, far_key),
+    )
 )

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...declare import REQUIRED, Param, RopeMethod
 from ...frequencies.common import plain_frequencies
+from ...types.declare import REQUIRED, Param, RopeMethod
+from ...types.registry import register
 from .form import two_bands
 from .params import FAMILIES, TEMPERATURE, UNDERNEATH, WINDOWED, check_underneath, check_window
 
@@ -61,14 +62,16 @@ def check_string(params: dict, config) -> None:
         )
 
 
-METHOD = RopeMethod(
-    name="string",
-    kind="attention",
-    frequencies=plain_frequencies,
-    params={**WINDOWED, "local_window": LOCAL_WINDOW, **TEMPERATURE, **UNDERNEATH},
-    summary="STRING: distance m-n below window (the shift S), m-n-window+local_window beyond",
-    check=check_string,
-    families=FAMILIES,
-    example={"window": 16, "local_window": 4},
-    attention=two_bands(far_query, far_key),
+METHOD = register(
+    RopeMethod(
+        name="string",
+        kind="attention",
+        frequencies=plain_frequencies,
+        params={**WINDOWED, "local_window": LOCAL_WINDOW, **TEMPERATURE, **UNDERNEATH},
+        summary="STRING: distance m-n below window (the shift S), m-n-window+local_window beyond",
+        check=check_string,
+        families=FAMILIES,
+        example={"window": 16, "local_window": 4},
+        attention=two_bands(far_query, far_key),
+    )
 )

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...declare import REQUIRED, Param, RopeMethod
 from ...frequencies.common import plain_frequencies
+from ...types.declare import REQUIRED, Param, RopeMethod
+from ...types.registry import register
 from .form import AttentionForm, Decay
 from .params import FAMILIES, TEMPERATURE, check_family
 
@@ -25,23 +26,25 @@ def scale_base(params: dict) -> float:
     return float(params["scale_base"])
 
 
-METHOD = RopeMethod(
-    name="xpos",
-    kind="attention",
-    frequencies=plain_frequencies,
-    params={
-        "scale_base": Param(
-            default=REQUIRED,
-            exclusive_minimum=0,
-            help="positions per decay step s, as the model was trained with (the paper and torchscale use 512)",
-        ),
-        "gamma": Param(default=0.4, exclusive_minimum=0, help="zeta_i = (2i/d + gamma)/(1 + gamma)"),
-        **TEMPERATURE,
-    },
-    summary="xPos: RoPE scores decayed by zeta_i^((m-n)/scale_base) per pair (needs a model trained with it)",
-    check=check_family,
-    families=FAMILIES,
-    training_free=False,
-    example={"scale_base": 512.0},
-    attention=AttentionForm(decay=Decay(log_zeta, scale_base)),
+METHOD = register(
+    RopeMethod(
+        name="xpos",
+        kind="attention",
+        frequencies=plain_frequencies,
+        params={
+            "scale_base": Param(
+                default=REQUIRED,
+                exclusive_minimum=0,
+                help="positions per decay step s, as the model was trained with (the paper and torchscale use 512)",
+            ),
+            "gamma": Param(default=0.4, exclusive_minimum=0, help="zeta_i = (2i/d + gamma)/(1 + gamma)"),
+            **TEMPERATURE,
+        },
+        summary="xPos: RoPE scores decayed by zeta_i^((m-n)/scale_base) per pair (needs a model trained with it)",
+        check=check_family,
+        families=FAMILIES,
+        training_free=False,
+        example={"scale_base": 512.0},
+        attention=AttentionForm(decay=Decay(log_zeta, scale_base)),
+    )
 )

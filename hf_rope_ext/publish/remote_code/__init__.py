@@ -14,7 +14,7 @@ import json
 import re
 from pathlib import Path
 
-from ..version import __version__
+from ...version import __version__
 from .closure import module_closure, module_file
 
 MODULE = "modeling_hf_rope_ext"
@@ -23,7 +23,7 @@ CLASS = "HfRopeExtForCausalLM"
 
 def package_dir() -> Path:
     """hf_rope_ext/ on disk (read when writing; the vendored copy, which has no files, imports this module too)."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def write_remote_code(directory, config: dict) -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from ._transformers.modules import rotary_class
+from .._transformers.modules import rotary_class
 
 # inv_freq may differ by the fp32 rounding of an equivalent formula (a longrope factor cannot always reproduce an
 # fp32 inv_freq exactly: 1 ulp), about the rounding of fp32 angles themselves; no more than 8 ulp is accepted.

@@ -16,17 +16,18 @@ from pathlib import Path
 
 import torch
 
-from . import cards, registry
-from .attention.methods import dual_chunk, self_extend
-from .configure import extended_max_positions
-from .eval import loading
-from .eval.data import load_token_documents, long_enough
-from .eval.far_context import sliding_window_baseline, with_far_context
-from .eval.last_chunk import last_chunk_losses
-from .eval.perplexity import CachedLosses
-from .eval.runner import EvalPlan, evaluate_model, label
-from .models import layout_of
-from .progress import bar
+from ..attention.methods import dual_chunk, self_extend
+from ..models import layout_of
+from ..publish import cards
+from ..types import registry
+from ..types.rope_parameters import extended_max_positions
+from ..util.progress import bar
+from . import loading
+from .data import load_token_documents, long_enough
+from .far_context import sliding_window_baseline, with_far_context
+from .last_chunk import last_chunk_losses
+from .perplexity import CachedLosses
+from .runner import EvalPlan, evaluate_model, label
 
 BUILTIN_METHODS = ("linear", "dynamic", "yarn")
 DEFAULT_FACTORS = (2.0, 4.0, 8.0)
@@ -132,7 +133,7 @@ def evaluate_method(
 def far_context_baseline(path, config, documents, factors, plan: EvalPlan, dtype="float32") -> float:
     """The model as saved, reading the last L0 - 1 tokens of the longest window through a sliding L0 window."""
     pretrain = loading.pretraining_length(config)
-    params = loading.rope_parameters_for(config, None, None, None)
+    params = loading.requested_parameters(config, None, None, None)
     model = loading.load_model(path, params, dtype=getattr(torch, dtype))
     total = int(max(factors) * pretrain)
     return sliding_window_baseline(model, documents, total, pretrain, pretrain - 1, plan.documents, plan.far_stride)
@@ -142,10 +143,10 @@ def run_parameters(config, rope_type, factor, pretrain: int, extra: dict | None 
     """rope_parameters for extension factor ``factor``: the type's ``factor`` (or, for leaky_rerope, the slope that
     fits s x L0 into L0) and defaults for its other required keys, then the user's ``extra`` over them."""
     if rope_type in loading.NONE_TYPES:
-        return loading.rope_parameters_for(config, rope_type, None, extra)
+        return loading.requested_parameters(config, rope_type, None, extra)
     chosen = {**default_parameters(rope_type, pretrain, factor), **(extra or {})}
     own_factor = factor if takes_factor(rope_type) and "factor" not in chosen else None
-    return loading.rope_parameters_for(config, rope_type, own_factor, chosen)
+    return loading.requested_parameters(config, rope_type, own_factor, chosen)
 
 
 def merge_last_chunk(records: list[dict], chunk: dict, name: str, factor, params) -> list[dict]:

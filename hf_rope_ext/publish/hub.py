@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cards import MARKER, is_repo_id, write_model_card
-from .files import check_file, read_json
-from .registry import BUILTIN_TYPES, get_method
+from ..store.files import check_file, read_json
+from ..store.outputs import MARKER
+from ..types.registry import BUILTIN_TYPES, get_method
+from .cards import is_repo_id, write_model_card
 
 # the first argument of the card's loading call, or the adapter path of the adapter snippet
 SNIPPET_PATH = re.compile(r'(from_pretrained\(|^adapter = )"[^"]*"', re.MULTILINE)
@@ -199,7 +200,7 @@ def with_base_model(text: str, base_model_id: str, local: str | None) -> str:
 def dry_run_stage(folder: Path, src: Path, overwrite: bool):
     """The dry run's output folder, outside ``src``: new, empty, or with ``overwrite`` the files a dry run writes
     replaced (``outputs.Staged``: written beside it, renamed at the end)."""
-    from .outputs import Staged
+    from ..store.outputs import Staged
 
     if src.resolve() in (folder.resolve(), *folder.resolve().parents):
         raise ValueError(f"--dry-run folder {str(folder)!r} must lie outside SRC {str(src)!r}")

@@ -22,15 +22,15 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..frequencies.common import rope_setup
+from ..frequencies.ntk import ntk_base
+from ..models import find_family
+from ..store.files import check_folder, read_json
+from ..store.outputs import Staged
+from ..types.registry import BUILTIN_TYPES, get_method
+from ..util.progress import bar
 from .cards import write_model_card
 from .export_check import NotLowerable, check_equivalent
-from .files import check_folder, read_json
-from .frequencies.common import rope_setup
-from .frequencies.ntk import ntk_base
-from .models import find_family
-from .outputs import Staged
-from .progress import bar
-from .registry import BUILTIN_TYPES, get_method
 from .remote_code import write_remote_code
 
 SKIPPED_FILES = ("config.json", "README.md")  # rewritten / regenerated; every other top-level file is copied
@@ -43,7 +43,7 @@ class ExportResult:
     source_rope_parameters: dict
     rope_parameters: dict
     max_rel_error: float | None  # measured inv_freq difference of a lowering (None when nothing was lowered)
-    output_notes: tuple[str, ...] = ()  # files of DST kept or removed as stale (see hf_rope_ext.outputs)
+    output_notes: tuple[str, ...] = ()  # files of DST kept or removed as stale (see hf_rope_ext.store.outputs)
 
 
 def export(

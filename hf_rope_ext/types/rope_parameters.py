@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..store.sources import read_config
 from . import registry
-from .sources import read_config
 
 KEPT_KEYS = ("rope_theta", "partial_rotary_factor")
 ORIGINAL = "original_max_position_embeddings"

@@ -1,9 +1,10 @@
 """The table of RoPE methods this package adds: name -> parameters, frequency function, kind.
 
-A method is one module declaring a ``RopeMethod`` (``declare``) as its ``METHOD``, listed in its package's
-``METHODS`` (``frequencies``, ``attention.methods``); this module registers them all when imported, and
-:func:`register` adds others later. Everything else (transformers registration, validation, the ``list`` command,
-the generic tests) reads this table.
+A method is one module that declares a ``RopeMethod`` (``declare``) and registers it with :func:`register` when
+imported, as peft's tuners register themselves (``register_peft_method``): this module imports no method module.
+The package's own methods are the modules of ``frequencies`` and ``attention.methods``, which
+``hf_rope_ext.load_methods`` imports; a user's module registers the same way. Everything else (transformers
+registration, validation, the ``list`` command, the generic tests) reads this table.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from .attention.methods import METHODS as ATTENTION_METHODS
-from .builtin_types import BUILTIN_CHECKS, BUILTIN_PARAMS, BUILTIN_SUMMARIES, BUILTIN_TYPES
+from ..util.did_you_mean import did_you_mean, typo_of
+from .builtin import BUILTIN_CHECKS, BUILTIN_PARAMS, BUILTIN_SUMMARIES, BUILTIN_TYPES
 from .declare import COMMON_KEYS, REQUIRED, CheckFn, FrequencyFn, Param, RopeMethod
-from .did_you_mean import did_you_mean, typo_of
-from .frequencies import METHODS as FREQUENCY_METHODS
 
 __all__ = [
     "BUILTIN_SUMMARIES",
@@ -222,7 +221,3 @@ def param_value(rope_parameters: dict, method: RopeMethod, key: str) -> Any:
 def filled(rope_parameters: dict, method: RopeMethod) -> dict:
     """``rope_parameters`` with ``method``'s defaults for keys absent or None."""
     return {**rope_parameters, **{k: param_value(rope_parameters, method, k) for k in method.params}}
-
-
-for _method in (*FREQUENCY_METHODS, *ATTENTION_METHODS):  # the package's own methods, declared in their modules
-    register(_method)

@@ -36,7 +36,7 @@ tags:
 # {name}
 
 The weights of `{source}` ({size:.1f} MB, GGUF), dequantized by transformers' GGUF reader and saved as a
-{dtype} safetensors checkpoint with its tokenizer by `hf_rope_ext.from_gguf.convert_gguf`. The quantization is not
+{dtype} safetensors checkpoint with its tokenizer by `hf_rope_ext.store.from_gguf.convert_gguf`. The quantization is not
 undone: these are the quantized model's weights, not the original checkpoint's.
 {note}
 - architecture: `{architecture}` ({layers} layers, hidden {hidden}, {heads} query / {kv_heads} kv heads)

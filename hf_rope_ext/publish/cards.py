@@ -9,34 +9,29 @@ replaced: only a card carrying :data:`MARKER` (one this module generated) is, un
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
-from .files import read_json
-from .registry import available_rope_types
+from ..layout.card_line import LAYOUT_TEXT, relabel_layout  # noqa: F401  (relabel_layout: public here too)
+from ..store.files import read_json
+from ..store.outputs import is_generated_card
+from ..types.registry import available_rope_types
 
-MARKER = "<!-- hf-rope-ext:generated"
 KINDS = {"extended": "transformers", "adapter": "peft", "export": "transformers"}  # kind -> library_name
-BASE_TAGS = ("hf-rope-ext", "rope", "long-context")
-LAYOUT_TEXT = {
-    "half": "pairs (i, i + d/2), transformers' rotate_half",
-    "interleaved": "pairs (2i, 2i+1), GPT-J / original LLaMA",
-}
 RESULT_KEYS = ("rope_type", "factor", "length", "perplexity")
 OPTIONAL_KEYS = ("passkey_accuracy", "far_context_ratio")
-LAYOUT_LINE = re.compile(r"^Rotary layout: `\w+` \(.*\)\.$", re.MULTILINE)  # the templates' layout sentence
+BASE_TAGS = ("hf-rope-ext", "rope", "long-context")
 
 
 def templates_dir() -> Path:
     """``model_cards/`` beside the package (a source checkout or an install that ships it)."""
     for candidate in (
-        Path(__file__).resolve().parent / "model_cards",
-        Path(__file__).resolve().parent.parent / "model_cards",
+        Path(__file__).resolve().parents[1] / "model_cards",  # beside the package's modules
+        Path(__file__).resolve().parents[2] / "model_cards",  # the repository root (editable install)
     ):
         if candidate.is_dir():
             return candidate
-    raise FileNotFoundError(f"model card templates not found next to {Path(__file__).resolve().parent}")
+    raise FileNotFoundError(f"model card templates not found next to {Path(__file__).resolve().parents[1]}")
 
 
 def write_model_card(
@@ -189,26 +184,6 @@ def refuse_user_readme(target: Path, overwrite: bool) -> None:
         raise FileExistsError(
             f"{target} exists and was not written by hf-rope-ext; refusing to replace it (move it away first)"
         )
-
-
-def relabel_layout(text: str, rope_layout: str) -> str:
-    """A card of ours with its "Rotary layout" line stating ``rope_layout`` (other cards are returned unchanged)."""
-    _check_choice("rope_layout", rope_layout, sorted(LAYOUT_TEXT))
-    if MARKER not in text:
-        return text
-    line = f"Rotary layout: `{rope_layout}` ({LAYOUT_TEXT[rope_layout]})."
-    return LAYOUT_LINE.sub(lambda _: line, text)
-
-
-def is_generated_card(text: str) -> bool:
-    """Ours (carries MARKER) or huggingface_hub's empty default template as peft's save_pretrained leaves it."""
-    from huggingface_hub import ModelCard, ModelCardData
-
-    if MARKER in text:
-        return True
-    placeholder = ModelCard.from_template(ModelCardData()).text.strip()
-    body = ModelCard(text, ignore_metadata_errors=True).text.split("### Framework versions")[0]
-    return body.strip() == placeholder
 
 
 def _cell(value: Any) -> str:

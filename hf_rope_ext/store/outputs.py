@@ -23,6 +23,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+MARKER = "<!-- hf-rope-ext:generated"  # in every model card the package writes (``publish.cards``)
+
 MANIFEST = ".hf-rope-ext-files.json"  # {"files": [...], "dirs": [...]}: relative paths the package wrote / made
 CARD = "README.md"
 
@@ -57,10 +59,19 @@ def check_dir(path, overwrite: bool, flag: str, writes_card: bool = False) -> No
         )
 
 
+def is_generated_card(text: str) -> bool:
+    """Ours (carries MARKER) or huggingface_hub's empty default template as peft's save_pretrained leaves it."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    if MARKER in text:
+        return True
+    placeholder = ModelCard.from_template(ModelCardData()).text.strip()
+    body = ModelCard(text, ignore_metadata_errors=True).text.split("### Framework versions")[0]
+    return body.strip() == placeholder
+
+
 def card_is_ours(path: Path) -> bool:
     """True when ``path`` is absent or a card hf-rope-ext (or peft's placeholder) wrote."""
-    from .cards import is_generated_card
-
     return not path.is_file() or is_generated_card(path.read_text(encoding="utf-8", errors="replace"))
 
 
