@@ -1,14 +1,19 @@
 """The house in numbers: import cycles, imports inside functions, module sizes (an AST walk, nothing imported).
 
     python scripts/house.py            # a report; exit status 1 on a cycle, a module over the limit, a reach
-                                       # into transformers' internals outside hf_rope_ext/_transformers/, or a
-                                       # dropped answer anywhere in the tree (below)
+                                       # into transformers' internals outside hf_rope_ext/_transformers/, a
+                                       # module loose in the package root, a tangle of folders, or a dropped
+                                       # answer anywhere in the tree (below)
 
 Edges: ``import a.b`` and ``from a import b`` (b a module) point to that module, ``from a import name`` to package
 ``a`` (its ``__init__``); importing a module also points to every package above it that is not above the importer
 (Python runs those ``__init__`` files first, so a circle through them is a circle). Imports inside functions count
 (they run too); imports under ``if TYPE_CHECKING:`` do not. A cycle is a strongly connected component of more than
 one module.
+
+The package root holds only ``__init__``, ``__main__`` and ``version`` (``ROOT_MODULES``); everything else lives in
+a folder named for what it holds. Folders import each other one way: two folders that reach each other, directly or
+through others, are a tangle (a cycle of the graph whose nodes are the package's folders, the root left out).
 
 A dropped answer is a statement that computes a value and throws it away: a check that never runs, such as
 ``Path(p).exists()`` where ``assert Path(p).exists()`` was meant. ruff's B018 and B015 find bare names, attributes
@@ -32,6 +37,7 @@ PREDICATES = {
     "callable", "issubset", "issuperset", "isdisjoint", "all", "any", "equal", "allclose", "isclose", "isfinite",
     "isnan", "isinf", "is_tensor", "is_available",
 }  # fmt: skip
+ROOT_MODULES = ("__init__", "__main__", "version")  # all the package root holds besides its folders
 SKIPPED_DIRS = {".venv", ".venv-oldest", ".git", "runs", "build"}
 
 
@@ -184,6 +190,31 @@ def reaches(name: str, path: Path) -> list[str]:
     return found
 
 
+def folder_of(name: str, known: dict[str, Path]) -> str | None:
+    """The top folder of the package that module ``name`` lies in; None for the root's own modules."""
+    parts = name.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and known[name].name == "__init__.py"):
+        return parts[1]
+    return None
+
+
+def loose_in_root(known: dict[str, Path]) -> list[str]:
+    """Modules in the package root besides ROOT_MODULES."""
+    return sorted(
+        n for n in known if n.count(".") == 1 and folder_of(n, known) is None and n.split(".")[1] not in ROOT_MODULES
+    )
+
+
+def folder_tangles(graph: dict[str, set[str]], known: dict[str, Path]) -> list[list[str]]:
+    """Cycles of the folder graph: folder A -> B when a module in A imports one in B."""
+    folders: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        a = folder_of(name, known)
+        if a is not None:
+            folders.setdefault(a, set()).update(b for t in targets if (b := folder_of(t, known)) not in (None, a))
+    return strongly_connected({f: folders.get(f, set()) for f in set(folders).union(*folders.values())})
+
+
 def dropped(value: ast.expr) -> bool:
     """True when an expression statement of ``value`` computes an answer and throws it away."""
     if isinstance(value, ast.Call):
@@ -221,7 +252,8 @@ def report(root: Path, top_level_only: bool = False) -> dict:
     large = sorted(((n, s) for n, s in sizes.items() if s > LINE_LIMIT), key=lambda x: -x[1])
     reach = [r for name, path in known.items() for r in reaches(name, path)]
     found = {"cycles": strongly_connected(graph), "inside_functions": inside, "large": large, "reach": reach}
-    return {**found, "dropped": dropped_answers(root)}
+    layout = {"loose": loose_in_root(known), "tangles": folder_tangles(graph, known)}
+    return {**found, **layout, "dropped": dropped_answers(root)}
 
 
 def main(argv=None) -> int:
@@ -238,9 +270,14 @@ def main(argv=None) -> int:
         print(f"over {LINE_LIMIT} lines: {name} ({size})")
     for line in found["reach"]:
         print(f"outside the seams: {line}")
+    for name in found["loose"]:
+        print(f"loose in the package root: {name}")
+    for folders in found["tangles"]:
+        print(f"folders that import each other: {' '.join(folders)}")
     for line in found["dropped"]:
         print(f"a dropped answer: {line}")
-    return 1 if found["cycles"] or found["large"] or found["reach"] or found["dropped"] else 0
+    failed = ("cycles", "large", "reach", "loose", "tangles", "dropped")
+    return 1 if any(found[key] for key in failed) else 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The house rules, read from the source (``scripts/house.py``): no import cycles (imports inside functions and
-through package ``__init__`` files count), no module over 300 lines, transformers' internals reached only from the
+through package ``__init__`` files count), no module loose in the package root, no two folders importing each
+other, no module over 300 lines, transformers' internals reached only from the
 seams in ``hf_rope_ext/_transformers/``; no statement anywhere in the tree that drops a predicate's answer (a check
 that never runs)."""
 
@@ -17,6 +18,7 @@ spec.loader.exec_module(house)
 def test_the_package_has_no_cycle_no_large_module_and_no_reach_past_the_seams():
     found = house.report(ROOT)
     assert found["cycles"] == [] and found["large"] == [] and found["reach"] == [], found
+    assert found["loose"] == [] and found["tangles"] == [], (found["loose"], found["tangles"])
     assert found["dropped"] == [], found["dropped"]
 
 
@@ -38,6 +40,12 @@ def test_the_checks_find_what_they_look_for(tmp_path):
             "a/x.py": "from ..b import y\n",
             "b/__init__.py": "",
             "b/y.py": "def f():\n    from ..a import x\n",
+            "c/__init__.py": "",
+            "c/z.py": "from ..d import w\n",
+            "d/__init__.py": "",
+            "d/w.py": "def g():\n    from ..c import q\n",
+            "c/q.py": "",
+            "version.py": "",
             "patch.py": "from transformers import GenerationMixin\n\nGenerationMixin.generate = None\n",
             "long.py": "x = 1\n" * 301,
             "tests/test_x.py": (
@@ -49,6 +57,8 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     found = house.report(tmp_path)
     assert found["cycles"] == [["hf_rope_ext.a", "hf_rope_ext.a.x", "hf_rope_ext.b.y"]], found["cycles"]
     assert found["large"] == [("hf_rope_ext.long", 301)]
+    assert found["loose"] == ["hf_rope_ext.long", "hf_rope_ext.patch"]  # version.py is allowed
+    assert found["tangles"] == [["a", "b"], ["c", "d"]]  # c and d: no cycle of modules, a cycle of folders
     assert found["reach"] == ["hf_rope_ext.patch:3 sets GenerationMixin.generate"]
     assert found["dropped"] == [
         "tests/test_x.py:7 drops p.exists()",
