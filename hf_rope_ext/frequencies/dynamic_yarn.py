@@ -57,7 +57,7 @@ def compute_dynamic_yarn(config, device=None, seq_len=None, layer_type=None):
 
 def check_dynamic_yarn(params: dict, config) -> None:
     check_betas(params, config)
-    check_dynamic_family(params, config)  # only where no state outlives a call (issue 16)
+    check_dynamic_family(params, config)  # only where no state outlives a call
 
 
 METHOD = register(
