@@ -29,7 +29,7 @@ from hf_rope_ext.eval import (
     truncated_perplexity,
     write_json,
 )
-from hf_rope_ext.eval.passkey import NeedleSample, depth_error_bound, generation_hit, teacher_forced_hit
+from hf_rope_ext.eval.passkey import NeedleSample, generation_hit, teacher_forced_hit
 from hf_rope_ext.eval.perplexity import CachedLosses
 
 L0 = 64
@@ -141,6 +141,13 @@ def test_cached_losses_share_a_window_between_measures(model, documents):
     computed = len(cache.store)
     last_chunk_losses(model, documents, [150], 20, progress=False, losses_fn=cache)
     assert len(cache.store) == computed  # the context-150 windows are the first 150 tokens: nothing recomputed
+
+
+def depth_error_bound(pieces, length: int) -> float:
+    """The largest distance between a requested and an actual depth: half the longest sentence, over the filler."""
+    task, sentences, needle, question, answer = pieces
+    filler = length - len(task) - len(needle) - len(question) - len(answer)
+    return math.inf if filler <= 0 else max(len(s) for s in sentences) / 2 / filler
 
 
 @pytest.mark.parametrize("length", [260, 333, 512])

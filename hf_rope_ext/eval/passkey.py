@@ -9,7 +9,6 @@ greedy generation (``model.generate``, which exercises the KV cache).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -160,10 +159,3 @@ def by_depth(depths: list[float], hits: list[bool]) -> list[list[float]]:
     """[[requested depth, accuracy over its trials], ...] in order of depth."""
     levels = sorted(set(depths))
     return [[d, sum(h for x, h in zip(depths, hits, strict=True) if x == d) / depths.count(d)] for d in levels]
-
-
-def depth_error_bound(pieces, length: int) -> float:
-    """The largest distance between a requested and an actual depth: half the longest sentence, over the filler."""
-    task, sentences, needle, question, answer = pieces
-    filler = length - len(task) - len(needle) - len(question) - len(answer)
-    return math.inf if filler <= 0 else max(len(s) for s in sentences) / 2 / filler

@@ -51,7 +51,7 @@ def run_tasks(lm, tasks, length: int, tokenizer_path, limit=None, max_gen_toks=N
 
 def task_manager(metadata: dict):
     """lm-eval's TaskManager over its RULER folder only: the same task configs, without indexing the other
-    thousands of lm-eval's tasks (a minute on a small CPU) for every length."""
+    thousands of lm-eval's tasks for every length."""
     from pathlib import Path
 
     from lm_eval.tasks import TaskManager

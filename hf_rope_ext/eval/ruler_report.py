@@ -31,11 +31,6 @@ def tables(records: list[dict]) -> str:
     return "\n".join(parts)
 
 
-def without_answers(records: list[dict]) -> list[dict]:
-    """The records without each sample's answer (report.md and the console); report.json keeps them."""
-    return [{k: v for k, v in r.items() if k != "answers"} for r in records]
-
-
 def plot(records: list[dict], path, title: str = "RULER (lm-eval) score against length") -> object:
     """Score against length (log2 axis), one panel per task, one line per method, the model as saved in grey."""
     plt = _pyplot()

@@ -2,6 +2,12 @@
 
 Up to L0 it is the unscaled model. The name contains "dynamic", so transformers' ``dynamic_rope_update``
 calls this function again with the current length whenever the sequence grows past the cached one.
+
+Paper: Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models", arXiv 2309.00071
+(section 3.3, Dynamic Scaling, applied to YaRN: "Dynamic-YaRN"). Checked against jquesnelle/yarn
+``scaled_rope/LlamaDynamicYaRNScaledRotaryEmbedding.py`` (``yarn(seq_len / original_max_position_embeddings)`` once
+the sequence outgrows the cache, cos and sin times 0.1 ln s + 1); the tests compare each length with transformers'
+``yarn`` type (``_compute_yarn_parameters``) at s = seq_len / L0, bit for bit.
 """
 
 import math
@@ -51,7 +57,7 @@ def compute_dynamic_yarn(config, device=None, seq_len=None, layer_type=None):
 
 def check_dynamic_yarn(params: dict, config) -> None:
     check_betas(params, config)
-    check_dynamic_family(params, config)  # only where no state outlives a call (issue 16)
+    check_dynamic_family(params, config)  # only where no state outlives a call
 
 
 METHOD = register(

@@ -1,4 +1,12 @@
-"""``ntk``: NTK-aware (beta-ary) scaling: a larger base b * s^(d/(d-2)), attention factor 1."""
+"""``ntk``: NTK-aware (beta-ary) scaling: a larger base b * s^(d/(d-2)), attention factor 1.
+
+Source: bloc97 2023, "NTK-Aware Scaled RoPE allows LLaMA models to have extended (8k+) context size without any
+fine-tuning and minimal perplexity degradation" (r/LocalLLaMA), the "NTK-aware" interpolation of Peng et al. 2023,
+"YaRN: Efficient Context Window Extension of Large Language Models", arXiv 2309.00071, section 3.1.
+Checked against jquesnelle/yarn ``scaled_rope/LlamaNTKScaledRotaryEmbedding.py`` (the base becomes
+``base * alpha ** (dim / (dim-2))``, then plain RoPE frequencies); the tests compare it with transformers' ``default``
+type at that base.
+"""
 
 from ..types.declare import RopeMethod
 from ..types.registry import register

@@ -2,6 +2,12 @@
 
 Pairs that turn more than ``beta_fast`` times in L0 keep theta_i (extrapolate), pairs that turn fewer than
 ``beta_slow`` times get theta_i / s (interpolate), with a linear ramp in the pair index between.
+
+Paper: Peng, Quesnelle, Fan and Shippole 2023, "YaRN: Efficient Context Window Extension of Large Language Models",
+arXiv 2309.00071, section 3.2 ("NTK-by-parts" interpolation). Checked against jquesnelle/yarn
+``scaled_rope/LlamaYaRNScaledRotaryEmbedding.py`` (``yarn``: ``find_correction_range``, ``linear_ramp_mask`` and the
+blend of ``inv_freq_interpolation`` and ``inv_freq_extrapolation``, without its ``mscale``) and transformers'
+``_compute_yarn_parameters`` (``modeling_rope_utils.py``), whose inv_freq the tests require bit for bit.
 """
 
 from ..types.declare import RopeMethod

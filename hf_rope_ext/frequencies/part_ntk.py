@@ -5,6 +5,12 @@ Three candidate frequencies per pair: theta_i (extrapolation), theta_i/s (linear
 theta_i' (base b*s^(d/(d-2))). Pairs that turn fewer than ``beta_1`` times in L0 take linear, more than
 ``beta_0`` times take NTK (weighted by ``ntk_factor``); then pairs turning more than ``gamma_0`` times
 take theta_i unchanged (weighted by ``extrapolation_factor``), with linear ramps in between.
+
+Source: bloc97 2023, the "by parts" correction to NTK-aware scaling that the YaRN paper (Peng et al. 2023,
+arXiv 2309.00071, section 3.2) builds its NTK-by-parts interpolation on. Checked against jquesnelle/yarn
+``scaled_rope/LlamaPartNTKScaledRotaryEmbedding.py`` (bloc97's): the constants beta_0 = 1.25, beta_1 = 0.75,
+gamma_0 = 16, gamma_1 = 2, ``find_correction_range``, ``linear_ramp_mask`` and its two blends, ``ntk_factor`` and
+``extrapolation_factor`` included.
 """
 
 from ..types.declare import Param, RopeMethod

@@ -79,7 +79,7 @@ def refuse_family(params: dict, config, served: tuple[str, ...], need: str) -> N
 
 
 def check_dynamic_family(params: dict, config) -> None:
-    """A dynamic frequency type only where no state outlives a call (issue 16): on ATTENTION_FAMILIES the attention
+    """A dynamic frequency type only where no state outlives a call: on ATTENTION_FAMILIES the attention
     function rotates with the frequencies for the current length; elsewhere transformers' dynamic updater would keep
     the long input's attention factor after resetting ``inv_freq`` (the same short input then gives another output)
     and cache keys rotated under older frequencies."""

@@ -2,7 +2,7 @@
 
 transformers reads a GGUF file itself (``from_pretrained(folder, gguf_file=name)``, with the ``gguf`` package),
 dequantizing every tensor, but the model it returns carries a ``quantization_config`` that ``save_pretrained``
-refuses, and each load dequantizes again (about 20 s for a 135M model). :func:`convert_gguf` writes the dequantized
+refuses, and each load dequantizes every tensor again. :func:`convert_gguf` writes the dequantized
 weights as a plain safetensors checkpoint (the same architecture built from the GGUF's config without the
 quantization record), with the tokenizer and a card naming the source file; :func:`model_folder` does that once per
 file into a cache folder keyed by the file's content, so every command that takes a model folder takes a ``.gguf``

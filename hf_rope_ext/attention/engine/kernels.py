@@ -6,17 +6,16 @@ sees no key giving out 0 and lse -inf. The engine plans pieces and merges them b
 the kernel call below differs between devices, and the planning never needs a dense [q, kv] score or mask.
 
 - CPU: ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu``, the kernel ``F.scaled_dot_product_attention``
-  itself runs on CPU, which also returns the lse (measured on this project's 2-core AMD EPYC, one thread, torch
-  2.13, 32/8 heads, head_dim 64, 4096 tokens: causal 1.10 s against sdpa's 1.12 s in fp32, 1.16 s vs 1.13 s in
-  bf16). An additive float mask of the query dtype costs what no mask costs, so a window piece takes a small
-  [c, kv] mask. Its lse has no gradient: with autograd, :class:`FlashLse` supplies it (see its backward).
+  itself runs on CPU, which also returns the lse, as fast as sdpa (docs/attention-methods.md gives the figures).
+  An additive float mask of the query dtype costs what no mask costs, so a window piece takes a small [c, kv]
+  mask. Its lse has no gradient: with autograd, :class:`FlashLse` supplies it (see its backward).
 - CUDA: ``torch.nn.attention.flex_attention`` (compiled), with the piece's key range as a block mask built from
   block indices (``flex.piece_block_mask``: no [c, kv] mask either) and ``return_aux=AuxRequest(lse=True)``. Chosen
   because it is the one kernel that takes every mask the bands need (window, shifted causal, a given padding mask)
-  and returns the lse with gradients, and because it is the one we can check here: uncompiled, flex_attention runs
+  and returns the lse with gradients, and because it can be checked without a GPU: uncompiled, flex_attention runs
   on CPU for small shapes, so the tests compare its masks and lse on CPU. The flash op would serve only the
   unmasked and causal pieces, and the efficient-attention op has no CPU implementation to check it against.
-  Not measured on a GPU in this work (none was lent); ``benchmarks/gpu.sh`` measures it where one is.
+  ``benchmarks/gpu.sh`` measures it on a GPU.
 Devices not in the table (MPS) take the reference path.
 """
 
@@ -77,7 +76,7 @@ def cpu_flash(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.
         mask = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
     groups = q.shape[1] // k.shape[1]
     if c == 1 and groups > 1 and (mask is None or mask.shape[1] == 1) and not needs_grad(q, k, v):
-        # one query (decode): the query heads of a kv head become rows of one problem (1.4x faster measured)
+        # one query (decode): the query heads of a kv head become rows of one problem, faster than one-row problems
         b = q.shape[0]
         out, lse = _flash(q.reshape(b, k.shape[1], groups, -1), k, v, 0.0, False, attn_mask=mask, scale=scale)
         return out.reshape(b, q.shape[1], 1, -1), lse.reshape(b, q.shape[1], 1)

@@ -13,6 +13,10 @@ reference engine runs them pair by pair, the fast engine as three standard atten
 (``engine/chunk_bands.py``) on regular positions. The authors' defaults: chunk_size 3/4 L0 and local_size
 L0/16 (``chunkqwen_attn_replace.py``; L0/8 in ``chunkllama_attn_replace.py``); their code also scales cos and sin
 by 0.05 ln(N/L0) + 1 (an attention temperature, not part of this type).
+
+Checked against HKUNLP/ChunkLlama ``chunkllama_attn_replace.py`` (``ChunkLlamaRotaryEmbedding``: ``q_t`` = m mod c,
+``qc_t`` = min(m mod c + c, chunk_size), ``k_t`` = n mod c; ``forward``: the inter-chunk query rotated by
+``qc_t[chunk_len - 1]``); the tests write each pair's relative position from these rules.
 """
 
 from __future__ import annotations

@@ -1,6 +1,12 @@
 """``leaky_rerope``: distance m - n inside the window, window + (m - n - window) / factor beyond it.
 
 Far band: query rotated by m/factor + window - window/factor, key by n/factor (fractional positions).
+
+Source: Jianlin Su 2023, the leaky variant of "Rectified Rotary Position Embeddings" (blog
+https://kexue.fm/archives/9708; no arXiv paper). Checked against bojone/rerope ``leaky_rerope_patch.py``
+(``forward_with_leaky_rerope``): the far scores use positions divided by ``scaling_factor``, the query at
+m + window (factor - 1) and the key at n, i.e. the rotations above; its query scaling is ReRoPE's
+(``attention_temperature="log"`` here).
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """``rerope``: ReRoPE, relative distance min(m - n, window).
 
 Beyond the window the query is rotated by ``window`` and the key is not rotated at all.
+
+Source: Jianlin Su 2023, "Rectified Rotary Position Embeddings" (blog https://kexue.fm/archives/9708; no arXiv
+paper). Checked against bojone/rerope ``rerope_patch.py`` (``forward_with_rerope``): the near scores rotate q and k by
+their positions, the far ones the query by ``window`` and the key not at all, the near ones taken where m - n <
+window; the patch's query scaling max(1, log_L0(m + 1)) is ``attention_temperature="log"`` here.
 """
 
 from __future__ import annotations

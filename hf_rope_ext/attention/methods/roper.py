@@ -3,7 +3,15 @@ rotated back by the query position m, so the output is sum_n a_mn R((n - m) thet
 
 ``value_rotary_factor`` f (labml's ``rope_value_percentage``, required: it is how the model was trained) turns the
 first r_v = 2 floor(f r / 2) value dims, r the rotary dim of q/k, in pairs (j, j + r_v/2) with their own
-frequencies theta_j = b^(-2j/r_v); value dims past r_v pass through."""
+frequencies theta_j = b^(-2j/r_v); value dims past r_v pass through.
+
+Source: Georges Harik and Varuna Jayasiri 2022, "Rotary Positional Embeddings with Relative distances"
+(https://research.labml.ai/RoPER.html; no arXiv paper). Checked against
+labmlai/annotated_deep_learning_paper_implementations ``labml_nn/transformers/rope/value_pe/__init__.py``
+(``RotaryValuePEMultiHeadAttention``: values turned by ``RotaryPositionalEmbeddings(d_rope_value)``, the weighted
+sum turned back by ``ReverseRotaryPositionalEmbeddings``). labml turns ``int(d_k * rope_value_percentage)`` dims of
+the head dim d_k with base 10000; here 2 floor(f r / 2) of the rotary dim r with the model's base b (the same dims
+when r = d_k and f d_k is an even integer)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``self_extend``: Self-Extend (LongLM) grouped attention.
+"""``self_extend``: Self-Extend (LongLM) grouped attention (Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM
+Context Window Without Tuning", arXiv 2401.01325).
 
 Distance m - n inside the neighbour window; beyond it m//g - n//g + window - window//g (g = ``group_size``):
 the query is rotated by m//g + window - window//g, the key by n//g.
@@ -6,6 +7,12 @@ the query is rotated by m//g + window - window//g, the key by n//g.
 ``authors_defaults`` picks window and group for a target of s x L0 by the authors' empirical rule (datamllab/LongLM
 README, "How to choose the group_size and neighbor_window"): (1/2 ~ 2/3) L0 > W + (N - W) / G, i.e. only the
 relative positions up to about 2/3 of L0 are well trained.
+
+Checked against datamllab/LongLM ``self_extend_patch/Llama.py`` (``self_extend_forward``, ``group_size_1`` = g,
+``group_size_2`` = window): neighbour scores where m - n < window, grouped ones with the query at m // g + window -
+window / g and the key at n // g. Here the query takes window // g, as ``flash_self_extend_forward``'s decode step
+does; the two agree whenever g divides the window. Its optional query scaling (``scale_base`` = L0) is
+``attention_temperature="log"`` here.
 """
 
 from __future__ import annotations

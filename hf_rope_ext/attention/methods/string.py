@@ -16,6 +16,9 @@ Alone, the largest distance at N tokens is N - S + W, within L0 only up to N = L
 authors' S). For more, ``frequencies`` puts a frequency-level type underneath (``ntk``, ``ntk_by_parts``, ``yarn``
 at ``frequency_factor``): the shifted distances are turned by its theta_i, as the authors' code turns them by a
 model's own scaled frequencies (their Llama 3.1 runs keep its ``llama3`` ones).
+
+Checked against HKUNLP/STRING ``string_for_llama.py`` (``replace_with_string``: ``diag_size`` = S, ``local_window``
+= W): keys rotated by n, the shifted query by m - ``diag_size`` + ``local_window``, cos and sin times 0.1 ln 2 + 1.
 """
 
 from __future__ import annotations

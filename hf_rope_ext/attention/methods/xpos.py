@@ -1,5 +1,11 @@
 """``xpos``: xPos, ordinary RoPE scores times zeta_i^((m - n)/scale_base) per rotary pair i,
 zeta_i = (2i/d + gamma) / (1 + gamma). How the engine keeps it within the float range: ``engine.treatments``.
+
+Paper: Sun et al. 2022, "A Length-Extrapolatable Transformer", arXiv 2212.10554. Checked against microsoft/torchscale
+``torchscale/component/xpos_relative_position.py`` (``XPOS``: scale (2i + 0.4 d) / (1.4 d) to the power position /
+``scale_base``, queries times it, keys divided by it) and lucidrains/rotary-embedding-torch
+``rotary_embedding_torch/rotary_embedding_torch.py`` (``use_xpos``, the same scale, ``xpos_scale_base`` 512); both
+centre the positions, an offset that cancels in the scores. gamma = 0.4 is their constant.
 """
 
 from __future__ import annotations

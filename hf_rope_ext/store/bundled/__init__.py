@@ -16,10 +16,6 @@ MODEL_NAME = "tiny-llama-stdlib"
 FILE_LIST = BUNDLED_DIR / "corpus_files.txt"
 SPLITS = ("train", "eval")
 EVAL_BUCKETS = 10  # one file in EVAL_BUCKETS (by path hash) goes to the evaluation split
-# path components that are tests, GUI demos, generated tables or installed third-party code, not library source
-EXCLUDED_PARTS = frozenset(
-    {"test", "tests", "idlelib", "turtledemo", "site-packages", "encodings", "pydoc_data", "__pycache__", "lib2to3"}
-)
 
 
 def default_model_path() -> Path:
@@ -39,20 +35,6 @@ def split_of(relative_path: str) -> str:
     """'eval' for about one file in ``EVAL_BUCKETS`` (stable across machines: sha1 of the path), else 'train'."""
     digest = hashlib.sha1(relative_path.encode("utf-8")).digest()
     return "eval" if digest[0] % EVAL_BUCKETS == 0 else "train"
-
-
-def scan_stdlib(root: Path | None = None) -> list[str]:
-    """Sorted relative paths of the stdlib's ``.py`` files, minus ``EXCLUDED_PARTS`` and ``_sysconfigdata*``."""
-    root = Path(root) if root is not None else stdlib_root()
-    paths = (p.relative_to(root).as_posix() for p in root.rglob("*.py"))
-    keep = (p for p in paths if not EXCLUDED_PARTS.intersection(p.split("/")[:-1]))
-    return sorted(p for p in keep if not p.rsplit("/", 1)[-1].startswith("_sysconfigdata"))
-
-
-def write_file_list(paths: list[str], target: Path = FILE_LIST) -> Path:
-    """Write the fixed file list (``split<TAB>path`` lines)."""
-    target.write_text("".join(f"{split_of(p)}\t{p}\n" for p in sorted(paths)), encoding="utf-8")
-    return target
 
 
 def corpus_files(split: str = "eval", root: Path | None = None) -> list[Path]:
