@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import registry
+from ..layout.rotation import base_inv_freq
 from ..models import is_rope_free_layer
-from .engine.rotation import base_inv_freq
 from .methods.form import PLAIN, AttentionForm
 from .methods.params import FAMILIES
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
+from ...layout.rotation import half_cos_sin64, turn
 from ..methods.form import origin
 from .call import Call
 from .kernels import attend_piece
 from .pieces import Piece, needs_grad
-from .rotation import half_cos_sin64, turn
 from .two_band import far_keys, near_keys
 
 

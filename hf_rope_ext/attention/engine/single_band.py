@@ -7,12 +7,12 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from ...layout.rotation import half_cos_sin64, rotate, turn
 from . import rotated_cache
 from .call import Call
 from .kernels import attend_piece
 from .lse import Rows, causal_lse
 from .pieces import Piece, needs_grad
-from .rotation import half_cos_sin64, rotate, turn
 from .treatments import (
     decay_rows,
     exponent_bound,

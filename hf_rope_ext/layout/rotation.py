@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from ...frequencies.common import inv_freq_for_base, rope_setup
+from ..frequencies.common import inv_freq_for_base, rope_setup
 
 LAYOUT = "half"  # pairs (i, i + r/2)
 
