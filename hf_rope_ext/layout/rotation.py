@@ -1,44 +1,77 @@
-"""Rotating queries, keys, values and outputs by arbitrary (integer or fractional) positions.
+"""Rotating tensors by RoPE angles at arbitrary (integer or fractional) positions, in either layout: the one rotation
+of the package (the attention engine's and RoFormer's).
 
-Angles are formed in float64 (position * theta_i can reach 1e5 rad at 128k tokens, where float32 keeps only
-~1e-2 rad), then cos/sin of each pair's angle are cast to float32 and applied with products in float32, as
-:func:`hf_rope_ext.rotary.apply_rotary` does, but without its temporaries of the tensor's size (without autograd,
-two multiplies and two fused multiply-adds into one buffer; xPos's per-pair scale rides on cos/sin). The in-model
-layout is always ``"half"`` (pairs (i, i + d/2)); interleaved checkpoints are converted on load (layout.py).
+Layouts of one head's rotary dims (r of them, r/2 pairs, pair i turns at frequency theta_i):
+- ``"half"``: pairs (i, i + r/2), as GPT-NeoX and transformers' ``rotate_half`` (the engine's, always);
+- ``"interleaved"``: pairs (2i, 2i + 1), as GPT-J, Meta's LLaMA, RoFormer.
+
+The precision rule, one for every caller: angles position * theta_i are formed in float64 with autocast off
+(position * theta_i reaches 1e5 rad at 128k tokens, where float32 keeps only ~1e-2 rad; float32 on MPS, which has
+no float64), cos/sin of each pair's angle (times the caller's scale, still in float64) are cast to float32, and the
+rotation's products are formed in float32 and cast back to the tensor's dtype. Without autograd the rotation writes
+two multiplies and two fused multiply-adds into one buffer, with no temporaries of the tensor's size; long tensors
+are rotated ROWS rows at a time. Dims past the rotary dim r pass through (partial rotary).
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from ..frequencies.common import inv_freq_for_base, rope_setup
-
-LAYOUT = "half"  # pairs (i, i + r/2)
-
-
-def base_inv_freq(config, layer_type: str | None = None, device=None) -> torch.Tensor:
-    """theta_i = b^(-2i/d) of plain RoPE for this config (rotary dim d), shape [d/2], float64 (shared: read only)."""
-    setup = rope_setup(config, layer_type)
-    return _inv_freq64(setup.base, setup.dim, str(torch.device(device or "cpu")))
+HALF, INTERLEAVED = "half", "interleaved"
+ROWS = 2048  # rows per piece when rotating or scaling long tensors without autograd (bounds the temporaries)
 
 
-@functools.lru_cache(maxsize=64)
-def _inv_freq64(base: float, dim: int, device: str) -> torch.Tensor:
-    return inv_freq_for_base(base, dim, device, dtype=torch.float64)
-
-
-def half_cos_sin64(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [B, L] x inv_freq [d/2] -> cos, sin [B, 1, L, d/2] of one half (pair i's angle), float32."""
+def angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """positions [...] x inv_freq [r/2] -> angles [..., r/2] in float64 (float32 on MPS), autocast off."""
     if torch.is_autocast_enabled(positions.device.type):
         with torch.autocast(device_type=positions.device.type, enabled=False):
-            return half_cos_sin64(positions, inv_freq)
-    a = positions.to(torch.float64)[:, None, :, None] * inv_freq.to(positions.device, torch.float64)
-    return a.cos().float(), a.sin().float()
+            return angles(positions, inv_freq)
+    wide = torch.float32 if positions.device.type == "mps" else torch.float64
+    return positions.to(wide)[..., None] * inv_freq.to(positions.device, wide)
 
 
-ROWS = 2048  # rows per piece when rotating or scaling long tensors without autograd (bounds the temporaries)
+def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [...] x inv_freq [r/2] -> cos * scale, sin * scale [..., r/2] of each pair's angle, float32
+    (the engine passes positions [B, 1, L] for cos/sin [B, 1, L, r/2] that broadcast over heads)."""
+    a = angles(positions, inv_freq)
+    return (a.cos() * scale).float(), (a.sin() * scale).float()
+
+
+def pairs(x: torch.Tensor, h: int, layout: str = HALF) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of the two members of each of the h pairs of x [..., >= 2h]: ([..., h], [..., h])."""
+    if layout == HALF:
+        return x[..., :h], x[..., h : 2 * h]
+    return x[..., 0 : 2 * h : 2], x[..., 1 : 2 * h : 2]
+
+
+def joined(first: torch.Tensor, second: torch.Tensor, layout: str = HALF) -> torch.Tensor:
+    """The inverse of :func:`pairs`: first, second [..., h] -> [..., 2h] in ``layout``."""
+    if layout == HALF:
+        return torch.cat((first, second), dim=-1)
+    return torch.stack((first, second), dim=-1).flatten(-2)
+
+
+def turn_pairs(x1, x2, cos, sin, out: torch.Tensor, layout: str = HALF) -> torch.Tensor:
+    """Write (x1 c - x2 s, x2 c + x1 s) into out[..., :2h] in ``layout`` (x1, x2 [..., h] float32 pair members; a
+    multiply and a fused multiply-add per member, no temporaries); returns out."""
+    first, second = pairs(out, x1.shape[-1], layout)
+    torch.mul(x1, cos, out=first).addcmul_(x2, sin, value=-1)
+    torch.mul(x2, cos, out=second).addcmul_(x1, sin)
+    return out
+
+
+def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = HALF) -> torch.Tensor:
+    """x [..., head_dim] turned by cos, sin [..., r/2] (of :func:`cos_sin`, broadcast against x's leading dims):
+    (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) per pair in ``layout``, in float32, cast back to x's dtype; dims past r
+    pass through."""
+    h = cos.shape[-1]
+    x1, x2 = (part.float() for part in pairs(x, h, layout))
+    if torch.is_grad_enabled() and x.requires_grad:
+        turned = joined(x1 * cos - x2 * sin, x2 * cos + x1 * sin, layout).to(x.dtype)
+    else:  # written in place into one buffer: no temporaries of x's size
+        shape = torch.broadcast_shapes(x1.shape, cos.shape)[:-1]
+        turned = turn_pairs(x1, x2, cos, sin, x1.new_empty((*shape, 2 * h)), layout).to(x.dtype)
+    return torch.cat((turned, x[..., 2 * h :]), dim=-1) if x.shape[-1] > 2 * h else turned
 
 
 def by_rows(function, x: torch.Tensor, *per_row: tuple[torch.Tensor, int]) -> torch.Tensor:
@@ -55,38 +88,17 @@ def by_rows(function, x: torch.Tensor, *per_row: tuple[torch.Tensor, int]) -> to
     return out
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log_scale=None) -> torch.Tensor:
+def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log_scale=None, layout: str = HALF):
     """Rotate x [B, H, L, head_dim] by positions [B, L]; dims past the rotary dim pass through (partial rotary).
-    ``log_scale`` [B, 1, L, d/2] (xPos): each rotary pair also multiplied by its exp, in the same pass."""
+    ``log_scale`` [B, 1, L, r/2] (xPos): each rotary pair also multiplied by its exp, in the same pass."""
     if log_scale is None:
-        return by_rows(lambda x, p: _rotate(x, p, inv_freq), x, (positions, 1))
-    return by_rows(lambda x, p, s: _rotate(x, p, inv_freq, s), x, (positions, 1), (log_scale, 2))
+        return by_rows(lambda x, p: _rotate(x, p, inv_freq, None, layout), x, (positions, 1))
+    return by_rows(lambda x, p, s: _rotate(x, p, inv_freq, s, layout), x, (positions, 1), (log_scale, 2))
 
 
-def turn_pairs(x1, x2, cos, sin, out: torch.Tensor) -> torch.Tensor:
-    """Write (x1 c - x2 s, x2 c + x1 s) into out[..., :2h] (x1, x2 [..., h] float32 halves; a multiply and a fused
-    multiply-add per half, no temporaries); returns out."""
-    h = x1.shape[-1]
-    torch.mul(x1, cos, out=out[..., :h]).addcmul_(x2, sin, value=-1)
-    torch.mul(x2, cos, out=out[..., h : 2 * h]).addcmul_(x1, sin)
-    return out
-
-
-def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log_scale=None) -> torch.Tensor:
-    cos, sin = half_cos_sin64(positions, inv_freq)  # [B, 1, L, r/2]
+def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log_scale, layout: str):
+    cos, sin = cos_sin(positions[:, None], inv_freq)  # [B, 1, L, r/2]
     if log_scale is not None:
         scale = torch.exp(log_scale).float()
         cos, sin = cos * scale, sin * scale
-    return turn(x, cos, sin)
-
-
-def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, L, head_dim] turned by cos, sin [B, 1, L, r/2] (of ``half_cos_sin64``): (x1, x2) -> (x1 c - x2 s,
-    x2 c + x1 s) per pair (i, i + r/2), in float32, cast back to x's dtype; dims past r pass through."""
-    h = cos.shape[-1]
-    x1, x2 = x[..., :h].float(), x[..., h : 2 * h].float()
-    if torch.is_grad_enabled() and x.requires_grad:
-        turned = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
-    else:  # written in place into one buffer: no temporaries of x's size
-        turned = turn_pairs(x1, x2, cos, sin, x1.new_empty((*x.shape[:-1], 2 * h))).to(x.dtype)
-    return torch.cat((turned, x[..., 2 * h :]), dim=-1) if x.shape[-1] > 2 * h else turned
+    return turn(x, cos, sin, layout)
