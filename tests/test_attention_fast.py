@@ -19,10 +19,10 @@ from hf_rope_ext.attention.engine import (
     masked,
     reference,
     rotated_cache,
-    rotation,
     single_band,
     two_band,
 )
+from hf_rope_ext.layout import rotation
 
 PARAMS = ENGINE_PARAMS
 TYPES = sorted(PARAMS)

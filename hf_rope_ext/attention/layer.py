@@ -9,14 +9,15 @@ frequencies and the rotation's identity) is resolved at its first call and kept 
 from __future__ import annotations
 
 import copy
+import functools
 import weakref
 from dataclasses import dataclass, field
 
 import torch
 
-from ..models import is_rope_free_layer
 from ..types import registry
-from .engine.rotation import base_inv_freq
+from ..frequencies.common import inv_freq_for_base, rope_setup
+from ..models import is_rope_free_layer
 from .methods.form import PLAIN, AttentionForm
 from .methods.params import FAMILIES
 
@@ -111,6 +112,17 @@ class Layer:
 
     def tag(self, inv_freq: torch.Tensor) -> tuple:
         return (self.name, tuple(inv_freq.tolist()), str(sorted(self.params.items())))
+
+
+def base_inv_freq(config, layer_type: str | None = None, device=None) -> torch.Tensor:
+    """theta_i = b^(-2i/d) of plain RoPE for this config (rotary dim d), shape [d/2], float64 (shared: read only)."""
+    setup = rope_setup(config, layer_type)
+    return _inv_freq64(setup.base, setup.dim, str(torch.device(device or "cpu")))
+
+
+@functools.lru_cache(maxsize=64)
+def _inv_freq64(base: float, dim: int, device: str) -> torch.Tensor:
+    return inv_freq_for_base(base, dim, device, dtype=torch.float64)
 
 
 def underneath(config, params: dict, layer_type: str | None, device) -> tuple[torch.Tensor, float]:

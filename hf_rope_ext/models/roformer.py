@@ -29,7 +29,7 @@ import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..frequencies.common import inv_freq_for_base, rope_setup
-from ..rotary import apply_rotary
+from ..layout.rotation import cos_sin, turn
 from ..types import registry
 from .family import check_layout, head_dim_of
 
@@ -204,19 +204,10 @@ class RoformerRope:
 
 
 def sin_cos_rows(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> torch.Tensor:
-    """positions [L] x inv_freq [d/2] -> [L, d] = [sin * scale | cos * scale], the stock table's row format.
-
-    Angles in float64 (float32 where the device has none) with autocast off, then cast to float32.
-    """
-    wide = torch.float32 if positions.device.type == "mps" else torch.float64
-    with torch.autocast(device_type=positions.device.type, enabled=False):
-        a = positions.to(wide)[:, None] * inv_freq.to(positions.device, wide)
-        return (torch.cat((a.sin(), a.cos()), dim=-1) * scale).float()
-
-
-def per_dim(pairs: torch.Tensor, layout: str) -> torch.Tensor:
-    """[..., d/2] per pair -> [..., d] per rotary dim, in the order of ``layout``."""
-    return torch.cat((pairs, pairs), dim=-1) if layout == "half" else pairs.repeat_interleave(2, dim=-1)
+    """positions [L] x inv_freq [d/2] -> [L, d] = [sin * scale | cos * scale], the stock table's row format, by the
+    package's one precision rule (``layout.rotation``: float64 angles, cast to float32)."""
+    cos, sin = cos_sin(positions, inv_freq, scale)  # [L, d/2] each
+    return torch.cat((sin, cos), dim=-1)
 
 
 def unit(sin: torch.Tensor, cos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,13 +219,12 @@ def unit(sin: torch.Tensor, cos: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 def rotate_qkv(sinusoidal_pos, query, key, value=None, *, layout: str):
     """Replacement of ``apply_rotary_position_embeddings``: sinusoidal_pos [1, 1, L, d] ([sin*s | cos*s]),
     query/key/value [B, H, L, head_dim]; q/k in ``layout``, the value by a pure rotation in native pairs."""
-    sin, cos = sinusoidal_pos.chunk(2, dim=-1)
-    c, s = per_dim(cos, layout), per_dim(sin, layout)
-    query, key = apply_rotary(query, c, s, layout), apply_rotary(key, c, s, layout)
+    sin, cos = sinusoidal_pos.chunk(2, dim=-1)  # [1, 1, L, d/2] per pair
+    query, key = turn(query, cos, sin, layout), turn(key, cos, sin, layout)
     if value is None:
         return query, key
     usin, ucos = unit(sin, cos)
-    return query, key, apply_rotary(value, per_dim(ucos, NATIVE_LAYOUT), per_dim(usin, NATIVE_LAYOUT), NATIVE_LAYOUT)
+    return query, key, turn(value, ucos, usin, NATIVE_LAYOUT)
 
 
 def rotate_output_back(module, args, kwargs, output):
@@ -244,7 +234,6 @@ def rotate_output_back(module, args, kwargs, output):
         return output
     context = output[0]
     heads = context.view(*context.shape[:-1], module.num_attention_heads, module.attention_head_size)
-    usin, ucos = unit(*pos[0, 0].chunk(2, dim=-1))  # [L, d/2] each
-    c, s = per_dim(ucos, NATIVE_LAYOUT)[:, None], per_dim(usin, NATIVE_LAYOUT)[:, None]  # [L, 1, d]
-    back = apply_rotary(heads, c, -s, NATIVE_LAYOUT)
+    usin, ucos = unit(*pos[0, 0, :, None].chunk(2, dim=-1))  # [L, 1, d/2] each, against heads [B, L, H, hd]
+    back = turn(heads, ucos, -usin, NATIVE_LAYOUT)
     return (back.reshape(context.shape), *output[1:])

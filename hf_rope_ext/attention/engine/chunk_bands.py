@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import torch
 
+from ...layout.rotation import rotate
 from . import rotated_cache
 from .call import Call
 from .kernels import attend_piece
 from .lse import Rows, causal_lse, merge
 from .piece import Piece, needs_grad
-from .rotation import rotate
 
 
 def same_rows(call: Call) -> bool:

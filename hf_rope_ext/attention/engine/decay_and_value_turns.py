@@ -20,8 +20,8 @@ import math
 import torch
 
 from ...frequencies.common import inv_freq_for_base
+from ...layout.rotation import rotate
 from .call import Call
-from .rotation import rotate
 
 
 def exponent_bound(dtype) -> float:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
+from ...layout.rotation import cos_sin, turn
 from ..methods.form import origin
 from .call import Call
 from .kernels import attend_piece
 from .piece import Piece, needs_grad
-from .rotation import half_cos_sin64, turn
 from .two_band import far_keys, near_keys
 
 
@@ -35,7 +35,7 @@ def step_angles(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     positions = [m, far.query_position(m, call.params)]
     if far.key_position is not origin:
         positions += [m, far.key_position(m, call.params)]
-    cos, sin = half_cos_sin64(torch.cat(positions, dim=1), call.inv_freq)  # [B, 1, P, r/2]; cat takes the widest dtype
+    cos, sin = cos_sin(torch.cat(positions, dim=1)[:, None], call.inv_freq)  # [B, 1, P, r/2]; cat: the widest dtype
     return cos.permute(2, 0, 1, 3)[:, :, :, None], sin.permute(2, 0, 1, 3)[:, :, :, None]
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import torch
 
+from ...layout.rotation import rotate
 from .call import Call, chunk_mask
 from .kernels import attend_piece
 from .lse import merge
 from .piece import Piece
 from .reference import additive
-from .rotation import rotate
 from .two_band import far_keys, far_queries
 
 MASK_BUDGET = 2**22  # mask elements (rows x kv x batch) per query block of the masked path

@@ -7,8 +7,12 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from ...layout.rotation import cos_sin, rotate, turn
 from . import rotated_cache
 from .call import Call
+from .kernels import attend_piece
+from .lse import Rows, causal_lse
+from .piece import Piece, needs_grad
 from .decay_and_value_turns import (
     decay_rows,
     exponent_bound,
@@ -19,10 +23,6 @@ from .decay_and_value_turns import (
     turn_output_back,
     value_inv_freq,
 )
-from .kernels import attend_piece
-from .lse import Rows, causal_lse
-from .piece import Piece, needs_grad
-from .rotation import half_cos_sin64, rotate, turn
 
 ROWS = 1024  # query rows per chunk at most: its rotated queries and outputs are the temporaries
 
@@ -77,14 +77,14 @@ def decode_step(call: Call, scale: float) -> torch.Tensor:
     """One query after a cache, [B, H, 1, dv]: the angles of position m formed once for the query and the new key
     (and RoPER's new value and the output's turn back, with the values' frequencies)."""
     old_rows, m, new = call.key.shape[2] - 1, call.q_pos, call.key[:, :, -1:]  # m [B, 1], new [B, Hkv, 1, d]
-    cos, sin = half_cos_sin64(m, call.inv_freq)  # [B, 1, 1, r/2]
+    cos, sin = cos_sin(m[:, None], call.inv_freq)  # [B, 1, 1, r/2]
     if call.form.decay is None:
         q, keys = turn(call.query, cos, sin), rotated_keys(call, old_rows, turn(new, cos, sin))
     else:
         q, keys = decayed_step(call, cos, sin, old_rows)
     if call.form.values is None:
         return attend_piece(q, keys, call.value, Piece(), scale)[0]
-    value_cos, value_sin = half_cos_sin64(m, value_inv_freq(call))
+    value_cos, value_sin = cos_sin(m[:, None], value_inv_freq(call))
     values = rotated_values(call, old_rows, turn(call.value[:, :, -1:], value_cos, value_sin))
     return turn(attend_piece(q, keys, values, Piece(), scale)[0], value_cos, -value_sin)
 

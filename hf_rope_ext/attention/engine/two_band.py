@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from ...layout.rotation import rotate
 from ..methods.form import origin
 from . import rotated_cache
 from .call import Call
 from .kernels import attend_piece
 from .lse import Rows, causal_lse, merge
 from .piece import Piece, needs_grad
-from .rotation import rotate
 
 FAR_BLOCK = 1024  # query rows per far-band block: its rotated queries and outputs are the temporaries
 
