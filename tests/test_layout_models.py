@@ -356,7 +356,7 @@ def test_roformer_live_conversion_permutes_whole_heads_in_place():
 
 
 def test_roformer_converted_in_memory_runs_the_same():
-    """With RoFormer's layout-aware runtime (hf_rope_ext.models.roformer): converted weights, same outputs."""
+    """With RoFormer's layout-aware runtime (hf_rope_ext.attention.roformer): converted weights, same outputs."""
     model = tiny_roformer()
     ids = IDS % model.config.vocab_size
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""RoFormer runtime (hf_rope_ext.models.roformer, installed by the seam hf_rope_ext._transformers.roformer): stock
+"""RoFormer runtime (hf_rope_ext.attention.roformer, installed by the seam hf_rope_ext._transformers.roformer): stock
 when not asked, scaled, past its table, RoPER, both layouts.
 
 References are independent of the module: stock RoFormer whose sinusoidal table the test fills itself, transformers'
@@ -26,7 +26,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 from transformers.models.roformer import modeling_roformer
 
 from hf_rope_ext._transformers import roformer as seam
-from hf_rope_ext.models import roformer
+from hf_rope_ext.attention import roformer
 from hf_rope_ext.types import registry
 
 MAX_POS, HEADS, HIDDEN = 16, 4, 32

@@ -39,7 +39,7 @@ from transformers.models.auto.modeling_auto import (
 
 import hf_rope_ext
 from hf_rope_ext._transformers import roformer as roformer_seam
-from hf_rope_ext.models import roformer
+from hf_rope_ext.attention import roformer
 from hf_rope_ext.types import registry
 
 # ----------------------------------------------------------------------------- test_rope_validation

@@ -6,7 +6,7 @@
    Without one the encoder is left as transformers built it (stock, bit for bit; an input longer than the table
    gets an error saying what to set instead of an IndexError from the lookup). With one, the request is validated
    (at build time, so bad input fails early) and per-instance changes are attached (:func:`attach`: the functions
-   of ``hf_rope_ext.models.roformer``; the table weight stays, so checkpoints load unchanged). ``forward``
+   of ``hf_rope_ext.attention.roformer``; the table weight stays, so checkpoints load unchanged). ``forward``
    re-checks the request, so a config changed after loading (``convert_layout`` setting ``rope_layout``) takes
    effect; the check is one tuple comparison.
 2. ``RoFormerConfig`` gets ``rope_parameters``, ``rope_theta`` and ``rope_layout`` as attributes that read empty
@@ -34,7 +34,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
 from transformers.models.roformer import configuration_roformer, modeling_roformer
 
-from ..models.roformer import CONFIG_KEYS, RoformerRope, rope_request, rotate_output_back, rotate_qkv, sin_cos_rows
+from ..attention.roformer import CONFIG_KEYS, RoformerRope, rope_request, rotate_output_back, rotate_qkv, sin_cos_rows
 
 _STOCK: dict[str, Callable] = {}  # the wrapped RoFormerEncoder methods, while installed
 _ATTACHED: weakref.WeakSet = weakref.WeakSet()  # encoders carrying per-instance changes

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..types import registry
 from ..frequencies.common import inv_freq_for_base, rope_setup
 from ..models import is_rope_free_layer
+from ..types import registry
 from .methods.form import PLAIN, AttentionForm
 from .methods.params import FAMILIES
 

@@ -1,6 +1,6 @@
 """RoFormer: query/key (with biases) rotate whole heads; its native layout is interleaved.
 
-Its runtime (hf_rope_ext.models.roformer) rotates the layout its config records, so a live RoFormer holds
+Its runtime (hf_rope_ext.attention.roformer) rotates the layout its config records, so a live RoFormer holds
 that layout in memory: converting one permutes its tensors in place of a load-time op. Its own rotation runs the
 dynamic frequency types statelessly; the attention function does not serve it (RoPER runs in its own runtime).
 """

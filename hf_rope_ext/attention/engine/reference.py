@@ -16,8 +16,15 @@ from torch.nn import functional as F
 from ...layout.rotation import rotate
 from ..methods.form import Band
 from .call import Call, chunk_mask
+from .decay_and_value_turns import (
+    decay_rows,
+    key_log_scale,
+    query_log_scale,
+    segments,
+    turn_output_back,
+    value_inv_freq,
+)
 from .piece import expand_heads
-from .decay_and_value_turns import decay_rows, key_log_scale, query_log_scale, segments, turn_output_back, value_inv_freq
 
 SCORE_BUDGET = 2**26  # score elements per band and query chunk (256 MiB in float32), whatever the input length
 

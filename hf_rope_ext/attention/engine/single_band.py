@@ -10,9 +10,6 @@ from torch.nn import functional as F
 from ...layout.rotation import cos_sin, rotate, turn
 from . import rotated_cache
 from .call import Call
-from .kernels import attend_piece
-from .lse import Rows, causal_lse
-from .piece import Piece, needs_grad
 from .decay_and_value_turns import (
     decay_rows,
     exponent_bound,
@@ -23,6 +20,9 @@ from .decay_and_value_turns import (
     turn_output_back,
     value_inv_freq,
 )
+from .kernels import attend_piece
+from .lse import Rows, causal_lse
+from .piece import Piece, needs_grad
 
 ROWS = 1024  # query rows per chunk at most: its rotated queries and outputs are the temporaries
 

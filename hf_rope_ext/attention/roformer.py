@@ -30,8 +30,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..frequencies.common import inv_freq_for_base, rope_setup
 from ..layout.rotation import cos_sin, turn
+from ..models.family import check_layout, head_dim_of
 from ..types import registry
-from .family import check_layout, head_dim_of
 
 NATIVE_LAYOUT = "interleaved"
 ROFORMER_BASE = 10000.0  # the base transformers hard-codes in RoFormer's sinusoidal table
