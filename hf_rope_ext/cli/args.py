@@ -65,6 +65,11 @@ def comma_list(item_type):
     return parse
 
 
+def names(text: str) -> tuple[str, ...]:
+    """'a,b' -> ('a', 'b'), each name as written (a name the model lacks is refused later, listing the ones it has)."""
+    return tuple(text.split(","))
+
+
 def rope_param(text: str) -> str:
     """KEY=VALUE (the value is read as JSON later, by ``hf_rope_ext.eval.loading.parse_rope_params``)."""
     key, sep, _ = text.partition("=")

@@ -7,13 +7,16 @@ Runs as a plain command on one device, or under ``accelerate launch --config_fil
 from __future__ import annotations
 
 import argparse
+from dataclasses import MISSING, fields
 from pathlib import Path
 
+from ..train.config import GROUPS, FinetuneConfig, parse_stages
 from .args import (
     add_rope_arguments,
     comma_list,
     length,
     model_argument,
+    names,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -23,6 +26,19 @@ from .args import (
 )
 from .errors import out_of_memory
 
+# the checkers a field's metadata names as its ``type`` (see hf_rope_ext.train.config.option)
+TYPES = {
+    "length": length,
+    "lengths": comma_list(length),
+    "names": names,
+    "non_negative_float": non_negative_float,
+    "non_negative_int": non_negative_int,
+    "positive_float": positive_float,
+    "positive_int": positive_int,
+    "probability": probability,
+}
+FIELDS = {f.name: f for f in fields(FinetuneConfig)}
+
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's help ends with its default, unless there is none (None / off) or the help states it."""
@@ -31,6 +47,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         unset = action.default is None or action.default is False or action.default in ([], argparse.SUPPRESS)
         if unset or "default" in (action.help or ""):
             return action.help
+        if isinstance(action.default, tuple):  # a comma-separated list on the command line
+            return f"{action.help} (default: {','.join(action.default)})"
         return super()._get_help_string(action)
 
 
@@ -42,122 +60,77 @@ def add_parser(subparsers, name):
         "tokenizer, evaluation and card to --out (see docs/finetune.md).",
         formatter_class=HelpFormatter,
     )
-    what = p.add_argument_group("what to train")
-    model_argument(what, hub=True)
-    what.add_argument("--out", required=True, help="new output folder (must not exist, unless resuming into it)")
-    add_rope_arguments(
-        what, factor_help="scaling factor s (>= 1; default: --length / the model's length)", rope_type_required=True
-    )
-    what.add_argument("--length", type=length, required=True, help="target context length in tokens")
-    what.add_argument("--max-steps", type=positive_int, help="optimizer steps (required unless --stages gives them)")
-    what.add_argument("--stages", help="progressive schedule 'length:steps,length:steps' (replaces --max-steps)")
-    data = p.add_argument_group("data")
-    data.add_argument("--data", nargs="+", help="text files/folders, or one Hub dataset name (default: bundled corpus)")
-    data.add_argument("--eval-data", nargs="+", help="held-out text for perplexity (default: bundled eval split)")
-    data.add_argument("--text-column", default="text", help="column of a Hub dataset that holds the text")
-    data.add_argument("--packing", choices=("pack", "chunk"), default="pack", help="pack: concatenate documents")
-    data.add_argument(
-        "--position-schedule",
-        choices=("contiguous", "pose", "random"),
-        default="contiguous",
-        help="position ids of a training sequence (pose/random: short windows whose positions span --length)",
-    )
-    data.add_argument(
-        "--window", type=positive_int, help="tokens per sequence for pose/random (default: the original length)"
-    )
-    data.add_argument("--pose-chunks", type=positive_int, default=2, help="chunks per PoSE window")
-    lora = p.add_argument_group("LoRA")
-    lora.add_argument("--rank", type=positive_int, default=8, help="LoRA rank r")
-    lora.add_argument("--alpha", type=positive_float, default=16.0, help="LoRA alpha (scale alpha / r)")
-    lora.add_argument("--dropout", type=probability, default=0.0, help="LoRA dropout")
-    lora.add_argument("--target-modules", default="q_proj,k_proj,v_proj,o_proj", help="comma-separated linear layers")
-    lora.add_argument("--train-embeddings", action="store_true", help="also train the input embeddings (LongLoRA)")
-    lora.add_argument("--train-norms", action="store_true", help="also train every norm layer (LongLoRA)")
-    opt = p.add_argument_group("optimization")
-    opt.add_argument("--lr", type=positive_float, default=2e-4, help="peak learning rate (AdamW)")
-    opt.add_argument("--warmup-steps", type=non_negative_int, default=0, help="linear warm-up steps")
-    opt.add_argument("--scheduler", default="cosine", help="transformers.get_scheduler name (linear, constant...)")
-    opt.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="AdamW weight decay")
-    opt.add_argument("--batch-size", type=positive_int, default=1, help="sequences per device per micro-batch")
-    opt.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
-    opt.add_argument("--grad-checkpointing", action="store_true", help="recompute activations (less memory)")
-    opt.add_argument(
-        "--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto", help="auto: bf16 on a GPU, else fp32"
-    )
-    opt.add_argument("--seed", type=non_negative_int, default=0, help="seed of data order, LoRA init and positions")
-    run = p.add_argument_group("checkpoints, outputs, evaluation")
-    run.add_argument(
-        "--save-every", type=non_negative_int, default=0, help="checkpoint every N steps, 0: only at the end"
-    )
-    run.add_argument("--resume-from", help="a checkpoint folder OUT/checkpoints/step-NNNNNN")
-    run.add_argument("--merge", action="store_true", help="also write OUT/merged: the full model, rope parameters kept")
-    run.add_argument("--log-dir", help="CSV (and TensorBoard) logs (default: OUT/logs)")
-    run.add_argument(
-        "--eval-lengths", type=comma_list(length), help="comma-separated lengths for perplexity before and after"
-    )
-    run.add_argument("--eval-rows", type=positive_int, default=4, help="documents per evaluation length")
-    run.add_argument("--passkey-depths", type=non_negative_int, default=0, help="passkey needle depths per length")
-    run.add_argument(
-        "--eval-far-context",
-        action="store_true",
-        help="far-context loss at each eval length >= L0, against the base model reading a sliding L0 window "
-        "(loads the base model once more)",
-    )
-    progress_argument(run)
+    add_options(p)
     return p
 
 
+def add_options(parser) -> None:
+    """FinetuneConfig's fields as flags, each group in the order of the fields; a helper that other subcommands
+    share adds its flags once, where its first field stands."""
+    done = set()
+    for title in GROUPS:
+        group = parser.add_argument_group(title)
+        for field in (f for f in FIELDS.values() if f.metadata["group"] == title):
+            shared = field.metadata.get("shared")
+            if shared is None:
+                add_option(group, field)
+            elif shared not in done:
+                add_shared(group, shared)
+                done.add(shared)
+    progress_argument(group)  # the last group's: checkpoints, outputs, evaluation
+
+
+def flag_of(field) -> str:
+    return field.metadata.get("flag", "--" + field.name.replace("_", "-"))
+
+
+def dest_of(field) -> str:
+    """The attribute of the parsed arguments that holds the field's flag."""
+    return flag_of(field)[2:].replace("-", "_")
+
+
+def add_option(group, field) -> None:
+    """The flag of one field: its default the field's (none: required; False: a switch), the rest its metadata."""
+    settings = {key: field.metadata[key] for key in ("help", "choices", "nargs") if key in field.metadata}
+    if "type" in field.metadata:
+        settings["type"] = TYPES[field.metadata["type"]]
+    default = field.default if field.default_factory is MISSING else field.default_factory()
+    if default is MISSING:
+        settings["required"] = True
+    elif default is False:
+        settings["action"] = "store_true"
+    else:
+        settings["default"] = default
+    group.add_argument(flag_of(field), **settings)
+
+
+def add_shared(group, shared: str) -> None:
+    """The flags that other subcommands share (``--model``; ``--rope-type``, ``--factor``, ``--rope-param``)."""
+    if shared == "model":
+        model_argument(group, hub=True)
+    if shared == "rope":
+        add_rope_arguments(group, factor_help=FIELDS["factor"].metadata["help"], rope_type_required=True)
+
+
 def config_of(args):
-    """The FinetuneConfig of the command line; a model folder is checked here (no Hub lookup for a path)."""
-    from ..eval import loading
+    """The FinetuneConfig of the command line, each field from its flag; a model folder is checked here (no Hub
+    lookup for a path)."""
     from ..store.bundled import default_model_path
-    from ..train import FinetuneConfig, parse_stages
+    from ..eval import loading
 
     if args.max_steps is None and not args.stages:
         raise ValueError("--max-steps is required (or --stages 'length:steps,...', which gives the steps)")
     model = loading.resolve_model(args.model) if args.model else str(default_model_path())
     # refuses a model without RoPE, naming its model_type; a Hub id is read now, so a missing one fails in one line
     loading.load_config(model) if Path(model).is_dir() else loading.hub_config(model)
-    return FinetuneConfig(
-        model=model,
-        out=args.out,
-        rope_type=args.rope_type,
-        length=args.length,
-        max_steps=args.max_steps,
-        factor=args.factor,
-        rope_extra=loading.parse_rope_params(args.rope_param),
-        data=args.data,
-        eval_data=args.eval_data,
-        text_column=args.text_column,
-        packing=args.packing,
-        stages=parse_stages(args.stages),
-        position_schedule=args.position_schedule,
-        window=args.window,
-        pose_chunks=args.pose_chunks,
-        rank=args.rank,
-        alpha=args.alpha,
-        dropout=args.dropout,
-        target_modules=tuple(args.target_modules.split(",")),
-        train_embeddings=args.train_embeddings,
-        train_norms=args.train_norms,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        scheduler=args.scheduler,
-        weight_decay=args.weight_decay,
-        batch_size=args.batch_size,
-        grad_accum=args.grad_accum,
-        grad_checkpointing=args.grad_checkpointing,
-        precision=args.precision,
-        seed=args.seed,
-        save_every=args.save_every,
-        resume_from=args.resume_from,
-        merge=args.merge,
-        log_dir=args.log_dir,
-        eval_lengths=args.eval_lengths,
-        eval_rows=args.eval_rows,
-        passkey_depths=args.passkey_depths,
-        eval_far_context=args.eval_far_context,
-    )
+    given = {name: getattr(args, dest_of(field)) for name, field in FIELDS.items()}
+    # the options whose text the command reads after argparse: the model, KEY=VALUE pairs, 'length:steps,...'
+    read = {
+        "model": model,
+        "rope_extra": loading.parse_rope_params(args.rope_param),
+        "stages": parse_stages(args.stages),
+    }
+    return FinetuneConfig(**{**given, **read})
 
 
 def run(args) -> int:

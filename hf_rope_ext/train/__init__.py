@@ -5,14 +5,31 @@ the extended rope parameters; ``bundle_adapter(path, base, out)`` writes the ada
 folder that peft's ``AutoPeftModelForCausalLM`` loads right (``bundle``). Modules: ``data`` (text -> packed rows),
 ``positions`` (contiguous / PoSE / random position ids), ``model`` (base + target rope config, checks), ``lora``
 (peft setup), ``loop`` (accelerate loop; ``batches``, ``checkpoints``, ``csv_log``, ``interrupt``, ``loss`` its
-parts; ``run_folder`` where a run writes), ``evaluate`` (perplexity), ``config`` (the request and its checks),
-``prepare`` (one job's state and outputs), ``finetune`` (the glue).
+parts; ``run_folder`` where a run writes), ``config`` (the request, each field an option of the command, and its
+checks), ``plan`` (the request's stages and loop settings), ``prepare`` (one job's state and outputs), ``finetune``
+(the glue).
+
+The names that need torch load on first use, so that the command reads :class:`FinetuneConfig` for
+``finetune --help`` without importing torch.
 """
 
-from .bundle import bundle_adapter
-from .config import FinetuneConfig, parse_stages
-from .finetune import finetune
-from .positions import SCHEDULES, position_ids
-from .prepare import load_adapter
+import importlib
 
+from .config import FinetuneConfig, parse_stages
+
+LAZY = {  # public name -> the module of this package that defines it
+    "bundle_adapter": "bundle",
+    "finetune": "finetune",
+    "load_adapter": "prepare",
+    "position_ids": "positions",
+    "SCHEDULES": "positions",
+}
 __all__ = ["bundle_adapter", "FinetuneConfig", "finetune", "load_adapter", "parse_stages", "position_ids", "SCHEDULES"]
+
+
+def __getattr__(name: str):
+    if name not in LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{LAZY[name]}", __name__), name)
+    globals()[name] = value  # also over the submodule ``finetune``, which importing it bound to that name here
+    return value

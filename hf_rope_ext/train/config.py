@@ -1,62 +1,110 @@
 """A fine-tuning request (:class:`FinetuneConfig`) and its checks, which run before anything is loaded or written:
-numbers, stages, the output folder, and what the loop and the model card take from it."""
+numbers, the output folder, and what the model card takes from it.
+
+Each field of :class:`FinetuneConfig` is one option of ``hf-rope-ext finetune``: the field's default is the
+option's, its metadata (:func:`option`) the option's help and how the command reads it; ``hf_rope_ext.cli.finetune``
+builds the flags from the fields. Nothing here imports torch, so that ``finetune --help`` does not either.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 
 from ..store.files import check_folder
 from .csv_log import LOG_FILE
-from .loop import LoopSettings, Stage
-from .positions import check_schedule
 from .run_folder import check_free
 
 RESULTS_FILE = "eval_results.json"
 MERGED_DIR = "merged"
+REQUIRED = MISSING  # the default of a field without one
+GROUPS = ("what to train", "data", "LoRA", "optimization", "checkpoints, outputs, evaluation")  # of finetune --help
+WHAT, DATA, LORA, OPTIMIZATION, RUN = GROUPS
+
+
+def option(default, group: str, help: str = "", **flag):
+    """A field that is a command-line option: its default (REQUIRED: a required option; a field whose default is
+    False is a switch), its ``group`` and ``help`` in ``finetune --help``, and in ``flag`` what differs from a flag
+    ``--field-name`` that takes one string: ``flag`` (another name), ``type`` (a checker of ``hf_rope_ext.cli.args``,
+    by name), ``choices``, ``nargs``, ``shared`` (added by the helper that other subcommands use too)."""
+    factory = MISSING
+    if isinstance(default, (dict, list)):  # a fresh copy for each config (dataclasses refuse a shared default)
+        default, factory = MISSING, default.copy
+    return field(default=default, default_factory=factory, metadata={"group": group, "help": help, **flag})
 
 
 @dataclass
 class FinetuneConfig:
-    model: str
-    out: str
-    rope_type: str
-    length: int
-    max_steps: int | None = None
-    factor: float | None = None
-    rope_extra: dict = field(default_factory=dict)  # further rope_parameters keys of the type
-    data: list[str] | None = None  # files, folders or one Hub dataset name; None: the bundled corpus' train split
-    eval_data: list[str] | None = None  # held-out text for perplexity; None: the bundled eval split (or --data)
-    text_column: str = "text"
-    packing: str = "pack"
-    stages: list[tuple[int, int]] | None = None  # (length, steps) progressive schedule
-    position_schedule: str = "contiguous"
-    window: int | None = None  # tokens per sequence for pose/random (default: the model's original length)
-    pose_chunks: int = 2
-    rank: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    train_embeddings: bool = False
-    train_norms: bool = False
-    lr: float = 2e-4
-    warmup_steps: int = 0
-    scheduler: str = "cosine"
-    weight_decay: float = 0.0
-    batch_size: int = 1
-    grad_accum: int = 1
-    grad_checkpointing: bool = False
-    precision: str = "auto"
-    seed: int = 0
-    save_every: int = 0
-    resume_from: str | None = None
-    merge: bool = False
-    log_dir: str | None = None
-    eval_lengths: list[int] | None = None
-    eval_rows: int = 4  # documents per evaluation length
-    passkey_depths: int = 0  # passkey needle depths per evaluation length (0: no passkey)
-    eval_far_context: bool = False  # far-context loss and ratio at every evaluation length >= L0
+    """One fine-tuning job (:func:`hf_rope_ext.train.finetune` runs it); each field an option of the command."""
+
+    model: str = option(REQUIRED, WHAT, shared="model")  # a folder or Hub id (the command: the bundled model if none)
+    out: str = option(REQUIRED, WHAT, "new output folder (must not exist, unless resuming into it)")
+    rope_type: str = option(REQUIRED, WHAT, shared="rope")
+    length: int = option(REQUIRED, WHAT, "target context length in tokens", type="length")
+    max_steps: int | None = option(
+        None, WHAT, "optimizer steps (required unless --stages gives them)", type="positive_int"
+    )
+    factor: float | None = option(
+        None, WHAT, "scaling factor s (>= 1; default: --length / the model's length)", shared="rope"
+    )
+    rope_extra: dict = option({}, WHAT, flag="--rope-param", shared="rope")  # further rope_parameters keys
+    data: list[str] | None = option(
+        None, DATA, "text files/folders, or one Hub dataset name (default: bundled corpus)", nargs="+"
+    )
+    eval_data: list[str] | None = option(
+        None, DATA, "held-out text for perplexity (default: bundled eval split)", nargs="+"
+    )
+    text_column: str = option("text", DATA, "column of a Hub dataset that holds the text")
+    packing: str = option("pack", DATA, "pack: concatenate documents", choices=("pack", "chunk"))
+    # [(length, steps), ...]; on the command line 'length:steps,...' (parse_stages), beside --max-steps
+    stages: list[tuple[int, int]] | None = option(
+        None, WHAT, "progressive schedule 'length:steps,length:steps' (replaces --max-steps)"
+    )
+    position_schedule: str = option(
+        "contiguous",
+        DATA,
+        "position ids of a training sequence (pose/random: short windows whose positions span --length)",
+        choices=("contiguous", "pose", "random"),
+    )
+    window: int | None = option(
+        None, DATA, "tokens per sequence for pose/random (default: the original length)", type="positive_int"
+    )
+    pose_chunks: int = option(2, DATA, "chunks per PoSE window", type="positive_int")
+    rank: int = option(8, LORA, "LoRA rank r", type="positive_int")
+    alpha: float = option(16.0, LORA, "LoRA alpha (scale alpha / r)", type="positive_float")
+    dropout: float = option(0.0, LORA, "LoRA dropout", type="probability")
+    target_modules: tuple[str, ...] = option(
+        ("q_proj", "k_proj", "v_proj", "o_proj"), LORA, "comma-separated linear layers", type="names"
+    )
+    train_embeddings: bool = option(False, LORA, "also train the input embeddings (LongLoRA)")
+    train_norms: bool = option(False, LORA, "also train every norm layer (LongLoRA)")
+    lr: float = option(2e-4, OPTIMIZATION, "peak learning rate (AdamW)", type="positive_float")
+    warmup_steps: int = option(0, OPTIMIZATION, "linear warm-up steps", type="non_negative_int")
+    scheduler: str = option("cosine", OPTIMIZATION, "transformers.get_scheduler name (linear, constant...)")
+    weight_decay: float = option(0.0, OPTIMIZATION, "AdamW weight decay", type="non_negative_float")
+    batch_size: int = option(1, OPTIMIZATION, "sequences per device per micro-batch", type="positive_int")
+    grad_accum: int = option(1, OPTIMIZATION, "micro-batches per optimizer step", type="positive_int")
+    grad_checkpointing: bool = option(False, OPTIMIZATION, "recompute activations (less memory)")
+    precision: str = option(
+        "auto", OPTIMIZATION, "auto: bf16 on a GPU, else fp32", choices=("auto", "fp32", "bf16", "fp16")
+    )
+    seed: int = option(0, OPTIMIZATION, "seed of data order, LoRA init and positions", type="non_negative_int")
+    save_every: int = option(0, RUN, "checkpoint every N steps, 0: only at the end", type="non_negative_int")
+    resume_from: str | None = option(None, RUN, "a checkpoint folder OUT/checkpoints/step-NNNNNN")
+    merge: bool = option(False, RUN, "also write OUT/merged: the full model, rope parameters kept")
+    log_dir: str | None = option(None, RUN, "CSV (and TensorBoard) logs (default: OUT/logs)")
+    eval_lengths: list[int] | None = option(
+        None, RUN, "comma-separated lengths for perplexity before and after", type="lengths"
+    )
+    eval_rows: int = option(4, RUN, "documents per evaluation length", type="positive_int")
+    passkey_depths: int = option(0, RUN, "passkey needle depths per length", type="non_negative_int")
+    eval_far_context: bool = option(
+        False,
+        RUN,
+        "far-context loss at each eval length >= L0, against the base model reading a sliding L0 window "
+        "(loads the base model once more)",
+    )
 
 
 def parse_stages(text: str | None) -> list[tuple[int, int]] | None:
@@ -69,26 +117,6 @@ def parse_stages(text: str | None) -> list[tuple[int, int]] | None:
         stages = []
     if not stages or any(len(s) != 2 or s[0] < 2 or s[1] < 1 for s in stages):
         raise ValueError(f"--stages {text!r}: expected 'length:steps,length:steps' with length >= 2 and steps >= 1")
-    return stages
-
-
-def plan_stages(cfg: FinetuneConfig, original: int) -> list[Stage]:
-    """The (span, window, steps) stages of the run; ValueError for lengths or steps that do not add up."""
-    pairs = cfg.stages or [(cfg.length, cfg.max_steps or 0)]
-    total = sum(steps for _, steps in pairs)
-    if cfg.max_steps is not None and cfg.max_steps != total or total < 1:
-        raise ValueError(f"--max-steps {cfg.max_steps} must be >= 1 and equal the sum of --stages steps ({total})")
-    if any(span > cfg.length for span, _ in pairs):
-        raise ValueError(f"--stages {pairs}: every stage length must be <= --length {cfg.length}")
-    if cfg.window is not None and (cfg.position_schedule == "contiguous" or not 2 <= cfg.window <= cfg.length):
-        raise ValueError(
-            f"--window {cfg.window}: only for position schedules pose/random, and within [2, --length {cfg.length}]"
-        )
-    stages = []  # a stage shorter than the window trains its own length in full
-    for span, steps in pairs:
-        window = span if cfg.position_schedule == "contiguous" else min(cfg.window or original, span)
-        check_schedule(cfg.position_schedule, window, span, cfg.pose_chunks)
-        stages.append(Stage(span=span, window=window, steps=steps))
     return stages
 
 
@@ -131,21 +159,6 @@ def check_output(cfg: FinetuneConfig) -> Path:
         raise FileExistsError(f"--log-dir {cfg.log_dir!r} already holds a {LOG_FILE}; choose a new folder")
     check_free(out, cfg.resume_from)
     return out
-
-
-def settings_of(cfg: FinetuneConfig) -> LoopSettings:
-    return LoopSettings(
-        lr=cfg.lr,
-        warmup_steps=cfg.warmup_steps,
-        scheduler=cfg.scheduler,
-        weight_decay=cfg.weight_decay,
-        batch_size=cfg.batch_size,
-        grad_accum=cfg.grad_accum,
-        schedule=cfg.position_schedule,
-        pose_chunks=cfg.pose_chunks,
-        seed=cfg.seed,
-        save_every=cfg.save_every,
-    )
 
 
 def training_summary(cfg: FinetuneConfig) -> dict:

@@ -40,7 +40,7 @@ class Stage:
 
 @dataclass(frozen=True)
 class LoopSettings:
-    """What the loop needs of a ``FinetuneConfig`` (whose fields hold the defaults; see ``finetune.settings_of``)."""
+    """What the loop needs of a ``FinetuneConfig`` (whose fields hold the defaults; see ``plan.settings_of``)."""
 
     lr: float
     warmup_steps: int

@@ -70,7 +70,3 @@ def apply_lora(model, **options):
     config = lora_config(model, **options)
     with peft_wrapping():  # peft 0.21 reads transformers' deprecated alias; only that warning is dropped
         return get_peft_model(model, config, autocast_adapter_dtype=True)
-
-
-def trainable_names(model) -> list[str]:
-    return [name for name, param in model.named_parameters() if param.requires_grad]

@@ -16,10 +16,11 @@ from ..eval.far_context import sliding_window_baseline, with_far_context
 from ..publish.cards import write_model_card
 from ..store.files import read_json
 from ..util.quiet import enable_activation_checkpointing, peft_wrapping
-from .config import MERGED_DIR, RESULTS_FILE, FinetuneConfig, plan_stages, settings_of, training_summary
+from .config import MERGED_DIR, RESULTS_FILE, FinetuneConfig, training_summary
 from .data import load_text, packed_stages
 from .lora import apply_lora
 from .model import attention_implementation, check_fp16, extended_config, load_model, resolve_precision
+from .plan import plan_stages, settings_of
 from .run_folder import log_dir
 
 MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
