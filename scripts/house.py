@@ -212,7 +212,7 @@ def folder_tangles(graph: dict[str, set[str]], known: dict[str, Path]) -> list[l
         a = folder_of(name, known)
         if a is not None:
             folders.setdefault(a, set()).update(b for t in targets if (b := folder_of(t, known)) not in (None, a))
-    return strongly_connected({f: folders.get(f, set()) for f in set(folders).union(*folders.values())})
+    return sorted(strongly_connected({f: folders.get(f, set()) for f in sorted(set(folders).union(*folders.values()))}))
 
 
 def dropped(value: ast.expr) -> bool:

@@ -7,9 +7,9 @@ import inspect
 from dataclasses import MISSING, fields
 
 import hf_rope_ext.train
-from hf_rope_ext.bundled import default_model_path
 from hf_rope_ext.cli import build_parser, parse
 from hf_rope_ext.cli.finetune import config_of
+from hf_rope_ext.store.bundled import default_model_path
 from hf_rope_ext.train import FinetuneConfig
 
 RENAMED = {"rope_extra": "--rope-param"}  # fields whose flag is not --field-name
@@ -151,4 +151,4 @@ def test_the_public_names_of_train_load_on_first_use():
         assert not inspect.ismodule(getattr(hf_rope_ext.train, name)), name
     from hf_rope_ext.train import finetune
 
-    assert inspect.isfunction(finetune) and finetune.__module__ == "hf_rope_ext.train.finetune"
+    assert inspect.isfunction(finetune) and finetune.__module__ == "hf_rope_ext.train.job"

@@ -115,8 +115,8 @@ def add_shared(group, shared: str) -> None:
 def config_of(args):
     """The FinetuneConfig of the command line, each field from its flag; a model folder is checked here (no Hub
     lookup for a path)."""
-    from ..store.bundled import default_model_path
     from ..eval import loading
+    from ..store.bundled import default_model_path
 
     if args.max_steps is None and not args.stages:
         raise ValueError("--max-steps is required (or --stages 'length:steps,...', which gives the steps)")

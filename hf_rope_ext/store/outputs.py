@@ -8,7 +8,7 @@
 
 Every command writes into a temporary sibling of its target and renames at the end, so a failure leaves the target
 as it was and nothing beside it: a folder through :class:`Staged` (``extend``, ``export``, ``convert-layout``, ``push
---dry-run``, GGUF conversion; ``finetune`` keeps a run that can be resumed, see ``train.finetune``), single files
+--dry-run``, GGUF conversion; ``finetune`` keeps a run that can be resumed, see ``train.job``), single files
 through :func:`write_files` (``eval --json/--plot/--needle``). A staged folder records what it wrote in
 :data:`MANIFEST`, so that a later ``--overwrite`` removes the package's own stale files (the shards of a model now
 written unsharded) and nothing else. What is moved into place gets the permissions of the user's umask (temporary

@@ -6,8 +6,8 @@ folder that peft's ``AutoPeftModelForCausalLM`` loads right (``bundle``). Module
 ``positions`` (contiguous / PoSE / random position ids), ``model`` (base + target rope config, checks), ``lora``
 (peft setup), ``loop`` (accelerate loop; ``batches``, ``checkpoints``, ``csv_log``, ``interrupt``, ``loss`` its
 parts; ``run_folder`` where a run writes), ``config`` (the request, each field an option of the command, and its
-checks), ``plan`` (the request's stages and loop settings), ``prepare`` (one job's state and outputs), ``finetune``
-(the glue).
+checks), ``plan`` (the request's stages and loop settings), ``prepare`` (one job's state and outputs), ``job``
+(the glue: ``finetune``).
 
 The names that need torch load on first use, so that the command reads :class:`FinetuneConfig` for
 ``finetune --help`` without importing torch.
@@ -19,7 +19,7 @@ from .config import FinetuneConfig, parse_stages
 
 LAZY = {  # public name -> the module of this package that defines it
     "bundle_adapter": "bundle",
-    "finetune": "finetune",
+    "finetune": "job",
     "load_adapter": "prepare",
     "position_ids": "positions",
     "SCHEDULES": "positions",
@@ -31,5 +31,5 @@ def __getattr__(name: str):
     if name not in LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{LAZY[name]}", __name__), name)
-    globals()[name] = value  # also over the submodule ``finetune``, which importing it bound to that name here
+    globals()[name] = value
     return value
