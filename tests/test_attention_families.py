@@ -19,6 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, RoFormerConfig, RoFor
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
+from hf_rope_ext.attention.engine import rotated_cache
 from hf_rope_ext.attention.methods.params import FAMILIES
 from hf_rope_ext.types import registry
 
@@ -67,6 +68,7 @@ SETUPS = {
 }
 EAGER_ONLY = {"gemma2"}  # transformers refuses sdpa for Gemma 2 (score softcapping)
 REFERENCE = "hf_rope_ext_test_family_reference"
+kept_by_cache = rotated_cache.kept_by_cache
 
 
 def test_setups_cover_every_supported_family():
@@ -268,6 +270,27 @@ def test_cache_equals_no_cache_with_left_padding(family, name):
     recomputed_tokens, recomputed_logits = generate(model, use_cache=False)
     assert torch.equal(tokens, recomputed_tokens)
     torch.testing.assert_close(step_logits, recomputed_logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache", [None, "static"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_attention_call_finds_its_cache_layer_through_its_keys(family, cache, monkeypatch):
+    """What the family's attention module does between its cache update and the attention call keeps the keys'
+    link to their layer (windows of 6 fill while decoding): every call of a cached ``generate`` reuses its layer's
+    rows, trusted, where a lost link would only make it slower, not wrong."""
+    found = []
+
+    def spying(keys):
+        memory = kept_by_cache(keys)
+        found.append(memory is not None and memory.trusted)
+        return memory
+
+    monkeypatch.setattr(rotated_cache, "kept_by_cache", spying)
+    implementation = "eager" if family in EAGER_ONLY else "sdpa"
+    model = build(family, {"rope_type": "rerope", **PARAMS["rerope"]}, implementation)
+    with torch.inference_mode():
+        model.generate(IDS[:, :10], max_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation=cache)
+    assert len(found) >= 4 and all(found)  # a forward of the prompt, 3 steps: each calls every rotating layer
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """Decoding through transformers' Cache API: the rotated rows live in the cache's own layers
-(``attention.cache_layers``), which cut them back at every change they make, so decoding reuses them without reading
+(``_transformers.cache_layers``), which cut them back at every change they make, so decoding reuses them without reading
 the cache; a plain cache a user hands to a forward is compared before reuse. Every case equals recomputing without
 a cache, under ``torch.no_grad`` and ``torch.inference_mode``."""
 
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -237,6 +238,62 @@ def test_rope_cache_builds_rotating_dynamic_and_static_caches(counted):
         decode_steps(model, cache, prompts(), steps=3)
         assert all(isinstance(layer, cache_layers.RotatedRows) for layer in cache.layers)
     assert counted["compared"] == 0 and counted["trusted"] > 0
+
+
+LAYERS = {  # a rotating layer of each class: windows of 4 rows, static caches of 8
+    "dynamic": lambda: cache_layers.RotatingDynamicLayer(),
+    "sliding": lambda: cache_layers.RotatingDynamicSlidingWindowLayer(sliding_window=4),
+    "static": lambda: cache_layers.RotatingStaticLayer(max_cache_len=8),
+    "static-sliding": lambda: cache_layers.RotatingStaticSlidingWindowLayer(max_cache_len=8, sliding_window=4),
+}
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+def test_only_the_keys_a_layer_returned_last_lead_to_its_rows(kind):
+    """The attention call finds its layer's rows through the keys the layer's latest update returned, once; a copy
+    of those keys, keys it returned before, and copies of the layer (deepcopy, pickle) lead nowhere."""
+    layer, rows = LAYERS[kind](), torch.randn(1, 2, 3, 4)
+    first, _ = layer.update(rows, rows)
+    latest, _ = layer.update(rows[:, :, :1], rows[:, :, :1])
+    memory = rotated_cache.kept_by_cache(latest)
+    assert memory is not None and memory.trusted and memory.entries is layer.rope_entries
+    assert rotated_cache.kept_by_cache(latest) is None  # taken off by the call that found it
+    assert first is latest or rotated_cache.kept_by_cache(first) is None  # a static layer returns one tensor
+    latest, _ = layer.update(rows[:, :, :1], rows[:, :, :1])
+    assert rotated_cache.kept_by_cache(latest.clone()) is None
+    for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert type(other) is type(layer) and not other.returned(latest)
+        assert rotated_cache.kept_by_cache(other.keys) is None
+    assert rotated_cache.kept_by_cache(latest).entries is layer.rope_entries
+
+
+CUTS = {  # a change of the layer's keys -> the rows [base, end) of an entry over all 6 of them that stay valid
+    "crop": (lambda layer: layer.crop(-2), 4),
+    "reset": (lambda layer: layer.reset(), None),
+    "offload": (lambda layer: layer.offload(), None),
+    "batch_select_indices": (lambda layer: layer.batch_select_indices(torch.tensor([1])), None),
+    "batch_repeat_interleave": (lambda layer: layer.batch_repeat_interleave(2), None),
+    "reorder_cache": (lambda layer: layer.reorder_cache(torch.tensor([1, 0])), 6),
+}
+
+
+@pytest.mark.parametrize(
+    "kind, change", [("dynamic", c) for c in CUTS] + [("static", c) for c in CUTS if not c.startswith("batch")]
+)
+def test_a_layer_cuts_its_rows_back_at_every_change_of_its_keys(kind, change):
+    layer, rows = LAYERS[kind](), torch.randn(2, 2, 6, 4)
+    if not hasattr(layer, change):
+        pytest.skip(f"transformers {transformers.__version__}: a StaticLayer cannot be cropped (no StaticLayer.crop)")
+    layer.update(rows, rows)
+    positions = torch.arange(6).expand(2, 6)
+    turned = rows * torch.tensor([1.0, 2.0]).view(2, 1, 1, 1)  # batch row 1 told apart
+    layer.rope_entries["p"] = rotated_cache.Entry(("t",), 0, 6, None, positions, turned)
+    apply, end = CUTS[change]
+    apply(layer)
+    entry = layer.rope_entries.get("p")
+    assert (None if entry is None else entry.end) == end
+    if change == "reorder_cache":
+        assert torch.equal(entry.rotated, turned.flip(0))
 
 
 def test_stock_models_get_stock_caches():

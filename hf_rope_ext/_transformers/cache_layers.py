@@ -2,21 +2,21 @@
 cache seam: subclasses of transformers' public layer classes; nothing of transformers is changed).
 
 The attention-level types cache keys unrotated and rotate them inside the attention function; decoding reuses the
-rows rotated at earlier steps (``rotated_cache``). A layer of this module is transformers' own cache layer
+rows rotated at earlier steps (``rotated_cache``). Each class here is one of transformers' own layers
 (``DynamicLayer``, ``DynamicSlidingWindowLayer``, ``StaticLayer``, ``StaticSlidingWindowLayer``) that also owns
-those remembered rows (``rope_entries``: purpose -> ``rotated_cache.Entry``) and cuts them back at every change it
-makes to its keys:
+those remembered rows (``rope_entries``: purpose -> ``rotated_cache.Entry``) and, as transformers' layers do,
+overrides what it changes: every method that changes its keys calls the stock one, then cuts the rows back:
 
 - ``update``: rows from the first one it writes on (a dynamic layer appends: none are cut; a static layer writes
   from its length on; a sliding layer that drops or rolls rows: all);
 - ``crop``: rows past the new length; ``reorder_cache`` (beam search): the same batch rows picked; ``reset``,
   ``batch_repeat_interleave``, ``batch_select_indices``, ``offload``, a new initialization: all.
 
-So what a layer holds is valid by construction. The attention function finds the layer of its call through the key
-tensor it receives: ``update`` records the keys it returned (``rotated_cache.record_update``: a weak reference, per
-thread), and the call's keys are that very tensor exactly when they come straight from this layer's update, as
-every family routed to the package's attention function passes them. Anything else (a plain cache, keys from
-elsewhere) finds no layer, and ``rotated_cache.beside`` compares before reusing.
+So what a layer holds is valid by construction. The attention function finds the layer through the key tensor it
+is called with: ``update`` links the keys it returns to itself (``rotated_cache.link``), and the link holds only
+while those keys are the layer's latest. Every family routed to the package's attention function passes them on
+untouched; anything else (a plain cache, keys from elsewhere) finds no layer, and ``rotated_cache.beside``
+compares before reusing.
 """
 
 from __future__ import annotations
@@ -37,12 +37,28 @@ from ..attention.layer import config_routes
 
 
 class RotatedRows:
-    """What the layers of this module add to transformers' layer they derive from (first in their bases)."""
+    """What every layer of this module adds to the transformers layer it derives from (listed after it): the
+    rows, the link from the keys it returns, and the cuts after the changes every layer class can make."""
+
+    _layer_type = None  # never entered in transformers' layer-type tables: caches it builds keep its own layers
 
     @property
     def rope_entries(self) -> dict:
         """purpose -> Entry: the rotated rows this layer keeps (valid rows [base, end) of its current keys)."""
         return self.__dict__.setdefault("_rope_entries", {})
+
+    @classmethod
+    def holding(cls, layer) -> RotatedRows:
+        """A layer of this class holding ``layer``'s state (its tensors shared, nothing copied), to stand in its
+        place in a cache; ``layer`` must be of the transformers class this one derives from."""
+        new = cls.__new__(cls)
+        new.__dict__.update(vars(layer))
+        return new
+
+    def returned(self, keys: torch.Tensor) -> bool:
+        """Whether ``keys`` are what this layer's latest update returned."""
+        latest = self.__dict__.get("_rope_keys")
+        return latest is not None and latest() is keys
 
     def kept_rows(self, added: int) -> int:
         """Before an update that adds ``added`` rows: the leading rows of the keys it will return that hold what
@@ -57,82 +73,94 @@ class RotatedRows:
             if entry.end <= entry.base:
                 del self.rope_entries[purpose]
 
-    def forget_rows(self, *args, **kwargs) -> None:
-        self.rope_entries.clear()
-
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         kept = self.kept_rows(key_states.shape[-2])
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        keys, values = super().update(key_states, value_states, *args, **kwargs)  # keys [B, Hkv, kv, d]
         self.keep_rows(kept)
         self.__dict__["_rope_returned"] = keys.shape[-2]
-        rotated_cache.record_update(self, keys)
+        self.__dict__["_rope_keys"] = rotated_cache.link(keys, self)
         return keys, values
 
-    def crop_rows(self, *args, **kwargs) -> None:
-        self.keep_rows(int(self.get_seq_length()))
+    def lazy_initialization(self, *args, **kwargs) -> None:
+        super().lazy_initialization(*args, **kwargs)
+        self.rope_entries.clear()
 
-    def select_rows(self, beam_idx: torch.Tensor) -> None:
+    def reset(self) -> None:
+        super().reset()
+        self.rope_entries.clear()
+
+    def offload(self) -> None:
+        super().offload()
+        self.rope_entries.clear()
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        super().reorder_cache(beam_idx)
         for entry in self.rope_entries.values():
             entry.select(beam_idx)
 
 
-class SlidingRows(RotatedRows):
-    """Sliding-window layers drop (dynamic) or roll (static) leading rows once the window is full."""
+class RotatingDynamicLayer(RotatedRows, DynamicLayer):
+    """transformers' ``DynamicLayer`` keeping rotated rows: it appends, and can also be cropped and batch-edited."""
+
+    def crop(self, tokens_to_remove: int) -> None:
+        super().crop(tokens_to_remove)
+        self.keep_rows(int(self.get_seq_length()))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self.rope_entries.clear()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self.rope_entries.clear()
+
+
+class RotatingDynamicSlidingWindowLayer(RotatingDynamicLayer, DynamicSlidingWindowLayer):
+    """transformers' ``DynamicSlidingWindowLayer`` keeping rotated rows: it drops leading rows once its window is
+    full."""
 
     def kept_rows(self, added: int) -> int:
         if not self.is_initialized:
             return 0
-        if isinstance(self, StaticLayer):  # written in place from its length on until it rolls
-            before = int(self.get_seq_length())
-            return before if before + added <= self.max_cache_len else 0
-        # dynamic: returns its stored rows, then the new ones; they lead the last keys it returned if it kept them all
+        # it returns its stored rows, then the new ones: they lead the last keys it returned if it kept them all
         stored = self.keys.shape[-2] if self.keys.ndim == 4 else 0
         return stored if stored == self.__dict__.get("_rope_returned", 0) else 0
 
 
-# the layer methods after which the rows are cut back, and how (only those the base class defines are wrapped)
-AFTER = {
-    "crop": RotatedRows.crop_rows,
-    "reorder_cache": RotatedRows.select_rows,
-    "reset": RotatedRows.forget_rows,
-    "batch_repeat_interleave": RotatedRows.forget_rows,
-    "batch_select_indices": RotatedRows.forget_rows,
-    "offload": RotatedRows.forget_rows,
-    "lazy_initialization": RotatedRows.forget_rows,
-}
+class RotatingStaticLayer(RotatedRows, StaticLayer):
+    """transformers' ``StaticLayer`` keeping rotated rows: it writes in place from its length on."""
+
+    if hasattr(StaticLayer, "crop"):  # the releases whose static layers can be cropped
+
+        def crop(self, tokens_to_remove: int) -> None:
+            super().crop(tokens_to_remove)
+            self.keep_rows(int(self.get_seq_length()))
 
 
-def _rotating(base: type, mixin: type) -> type:
-    """``base`` with ``mixin`` first, and each method of AFTER that ``base`` has followed by its cut."""
+class RotatingStaticSlidingWindowLayer(RotatingStaticLayer, StaticSlidingWindowLayer):
+    """transformers' ``StaticSlidingWindowLayer`` keeping rotated rows: written in place until it rolls."""
 
-    def wrapped(name: str, then):
-        stock = getattr(base, name)
-
-        def method(self, *args, **kwargs):
-            result = stock(self, *args, **kwargs)
-            then(self, *args, **kwargs)
-            return result
-
-        method.__name__ = name
-        return method
-
-    methods = {name: wrapped(name, then) for name, then in AFTER.items() if hasattr(base, name)}
-    return type(f"Rotating{base.__name__}", (mixin, base), {"__module__": __name__, **methods})
+    def kept_rows(self, added: int) -> int:
+        if not self.is_initialized:
+            return 0
+        before = int(self.get_seq_length())
+        return before if before + added <= self.max_cache_len else 0
 
 
+# transformers' layer class -> the class here that keeps rotated rows (other classes: exact, compared)
 ROTATING = {
-    DynamicLayer: _rotating(DynamicLayer, RotatedRows),
-    StaticLayer: _rotating(StaticLayer, RotatedRows),
-    DynamicSlidingWindowLayer: _rotating(DynamicSlidingWindowLayer, SlidingRows),
-    StaticSlidingWindowLayer: _rotating(StaticSlidingWindowLayer, SlidingRows),
+    DynamicLayer: RotatingDynamicLayer,
+    DynamicSlidingWindowLayer: RotatingDynamicSlidingWindowLayer,
+    StaticLayer: RotatingStaticLayer,
+    StaticSlidingWindowLayer: RotatingStaticSlidingWindowLayer,
 }
 
 
 def adopt(cache) -> bool:
     """Make ``cache`` (a transformers ``Cache``, or an encoder-decoder one's self-attention cache) keep rotated rows:
-    each layer of a class in ROTATING becomes an instance of its rotating class with the same state (tensors
-    shared, nothing copied), and layers it creates later are rotating ones. Returns whether anything changed.
-    Layers of other classes (quantized, offloaded to another class) are left as they are: exact, compared."""
+    each layer of a class in ROTATING is replaced by a layer of its rotating class holding the same state, and
+    layers it creates later are rotating ones. Returns whether anything changed. Layers of other classes
+    (quantized, offloaded to another class) are left as they are: exact, compared."""
     cache = getattr(cache, "self_attention_cache", cache)
     if not isinstance(cache, Cache):
         return False
@@ -140,9 +168,7 @@ def adopt(cache) -> bool:
     for i, layer in enumerate(cache.layers):
         rotating = ROTATING.get(type(layer))
         if rotating is not None:
-            adopted = rotating.__new__(rotating)
-            adopted.__dict__.update(layer.__dict__)
-            cache.layers[i], changed = adopted, True
+            cache.layers[i], changed = rotating.holding(layer), True
     replicate = getattr(cache, "layer_class_to_replicate", None)
     if replicate in ROTATING:
         cache.layer_class_to_replicate, changed = ROTATING[replicate], True

@@ -5,14 +5,15 @@ every key for xPos and RoPER). Rotating 16k keys with float64 angles takes about
 calls that extend a cache (more keys than queries, no autograd) keep, per purpose, the rotated rows in buffers with
 room to grow (a step writes only its new rows). Where they are kept decides how a later call knows they still hold:
 
-- in the cache itself (:class:`Memory` ``trusted``): the layers of ``attention.cache_layers`` (what ``generate``
-  builds for these types, or ``hf_rope_ext.rope_cache``) own the remembered rows and cut them back at every change
-  they make (an update's write, ``crop``, ``reorder_cache``, ``reset`` ...), so what is left is valid by
-  construction and nothing is read to reuse it;
+- in the cache itself (:class:`Memory` ``trusted``): the layers of ``_transformers.cache_layers`` (what
+  ``generate`` builds for these types, or ``hf_rope_ext.rope_cache``) own the remembered rows and cut them back at
+  every change they make (an update's write, ``crop``, ``reorder_cache``, ``reset`` ...), so what is left is valid
+  by construction and nothing is read to reuse it. The call finds its layer through its own key argument: the keys
+  a layer's update returns carry a weak link to it (:func:`link`, :func:`kept_by_cache`);
 - beside any other cache (a plain ``DynamicCache`` or ``StaticCache`` a user built): per attention module, with a
   copy of the unrotated rows they came from; a later call reuses a prefix only where the cached keys equal that copy
-  bit for bit (read as 8-byte words: 0.9 ms for 4k keys of 8 heads x 64 dims in fp32 on this CPU). Exact whatever
-  the cache does, at the price of that read.
+  bit for bit (read as 8-byte words, a small fraction of rotating them again). Exact whatever the cache does, at
+  the price of that read.
 
 Either way a prefix is reused only under the same rotation tag (frequencies, parameters, reference) and the same key
 positions. Nothing here reads tensor version counters, so it runs the same under ``torch.inference_mode``.
@@ -20,7 +21,6 @@ positions. Nothing here reads tensor version counters, so it runs the same under
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,20 +55,39 @@ class Memory:
 
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {purpose: Entry}: beside other caches
-_LAST = threading.local()  # .update = (weakref to the cache layer, weakref to the keys its last update returned)
+LINK = "_hf_rope_ext_layer"  # attribute of the keys a rotating cache layer's update returned: Link to that layer
 
 
-def record_update(layer, keys: torch.Tensor) -> None:
-    """A cache layer that keeps rotated rows (``layer.rope_entries``) returned ``keys`` from its update (per thread;
-    weakly held): a call given these very keys reads and writes that layer's entries, trusted."""
-    _LAST.update = (weakref.ref(layer), weakref.ref(keys))
+class Link:
+    """A weak reference that copies and pickles as a dead one (a cache, its layers and keys stay copyable and
+    picklable; a copy is linked to nothing)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, target=None):
+        self.ref = None if target is None else weakref.ref(target)
+
+    def __call__(self):
+        return None if self.ref is None else self.ref()
+
+    def __reduce__(self):
+        return (Link, ())
+
+
+def link(keys: torch.Tensor, layer) -> Link:
+    """Mark ``keys`` [B, Hkv, kv, d], just returned by ``layer``'s update, as that layer's: the attention call given
+    these very keys reads and writes the layer's ``rope_entries``, trusted. Returns a Link to ``keys`` for the layer
+    to keep (its ``returned(keys)`` says whether they are still its latest)."""
+    setattr(keys, LINK, Link(layer))
+    return Link(keys)
 
 
 def kept_by_cache(keys: torch.Tensor) -> Memory | None:
-    """The trusted memory of the cache layer whose last update (in this thread) returned ``keys``, else None."""
-    last = getattr(_LAST, "update", None)
-    layer, returned = (None, None) if last is None else (last[0](), last[1]())
-    return Memory(layer.rope_entries, trusted=True) if layer is not None and returned is keys else None
+    """The trusted memory of the cache layer whose latest update returned ``keys`` (the link is taken off them: one
+    attention call per update), else None."""
+    found = keys.__dict__.pop(LINK, None)
+    layer = found() if found is not None else None
+    return Memory(layer.rope_entries, trusted=True) if layer is not None and layer.returned(keys) else None
 
 
 def beside(module) -> Memory:
