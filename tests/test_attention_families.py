@@ -1,5 +1,5 @@
-"""Attention-level rope types on every family the attention function serves (issue 13), and ``dynamic_yarn``
-giving the same output for the same input whatever came before, on every family (issue 16).
+"""Attention-level rope types on every family the attention function serves, and ``dynamic_yarn`` giving the same
+output for the same input whatever came before, on every family.
 
 The reference scores every (query m, key n) pair pair by pair in float64 (with ``pair_reference``'s distances and
 turns), extended with what the families add: partial rotary (dims past the rotary dim unrotated), the family's own
@@ -236,7 +236,7 @@ def test_cache_equals_no_cache_with_left_padding(family, name):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# dynamic_yarn (issue 16)
+# dynamic_yarn
 
 
 def scalings(model) -> list[float]:

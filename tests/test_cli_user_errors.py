@@ -1,5 +1,5 @@
-"""A new user's mistakes and accidents at the command line (issue 26): every bad input is one line naming what is wrong
-and what to do (no traceback), a damaged file is named, out of memory says what to try, and nothing is left behind
+"""A new user's mistakes and accidents at the command line: every bad input is one line naming what is wrong and
+what to do (no traceback), a damaged file is named, out of memory says what to try, and nothing is left behind
 that blocks the retry."""
 
 from __future__ import annotations
