@@ -2,8 +2,9 @@
 
     python scripts/house.py            # a report; exit status 1 on a cycle, a module over the limit, a reach
                                        # into transformers' internals outside hf_rope_ext/_transformers/, a
-                                       # module loose in the package root, a tangle of folders, or a dropped
-                                       # answer anywhere in the tree (below)
+                                       # module loose in the package root, a tangle of folders, a dropped
+                                       # answer anywhere in the tree or a test module importing another test
+                                       # module (the last two below)
 
 Edges: ``import a.b`` and ``from a import b`` (b a module) point to that module, ``from a import name`` to package
 ``a`` (its ``__init__``); importing a module also points to every package above it that is not above the importer
@@ -20,6 +21,10 @@ A dropped answer is a statement that computes a value and throws it away: a chec
 and comparisons but leave every call alone (a call may be made for its effect), so this finds the calls that are
 made only for their answer: the predicates in PREDICATES, and a conditional expression whose branches are all
 dropped answers.
+
+A test module imports no other test module (``tests/test_*.py``): what two of them share lives in
+``tests/conftest.py`` or a helper module named for what it holds, so that reading one test file never means reading
+another, and importing a helper never runs another file's module-level setup.
 """
 
 from __future__ import annotations
@@ -237,9 +242,27 @@ def dropped_answers(root: Path) -> list[str]:
     return found
 
 
+def tests_importing_tests(root: Path) -> list[str]:
+    """``path:line imports name`` for every import in a ``tests/test_*.py`` of another ``tests/test_*.py`` module
+    (``import test_x``, ``from test_x import ...``, ``from tests.test_x import ...``, ``from tests import test_x``)."""
+    paths = sorted((root / "tests").rglob("test_*.py"))
+    names, found = {path.stem for path in paths}, []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                dotted = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                dotted = [node.module or ""] + [f"{node.module or ''}.{a.name}" for a in node.names]
+            else:
+                continue
+            hits = sorted({part for d in dotted for part in d.split(".") if part in names and part != path.stem})
+            found += [f"{path.relative_to(root)}:{node.lineno} imports {hit}" for hit in hits]
+    return found
+
+
 def report(root: Path, top_level_only: bool = False) -> dict:
     """Cycles, imports inside functions, modules over LINE_LIMIT lines and reaches past the seams of the package under
-    ``root``; the dropped answers of every Python file under it."""
+    ``root``; the dropped answers of every Python file under it; the test modules that import another."""
     known = modules(root)
     graph, inside = {m: set() for m in known}, []
     for name, path in known.items():
@@ -253,7 +276,7 @@ def report(root: Path, top_level_only: bool = False) -> dict:
     reach = [r for name, path in known.items() for r in reaches(name, path)]
     found = {"cycles": strongly_connected(graph), "inside_functions": inside, "large": large, "reach": reach}
     layout = {"loose": loose_in_root(known), "tangles": folder_tangles(graph, known)}
-    return {**found, **layout, "dropped": dropped_answers(root)}
+    return {**found, **layout, "dropped": dropped_answers(root), "test_imports": tests_importing_tests(root)}
 
 
 def main(argv=None) -> int:
@@ -276,7 +299,9 @@ def main(argv=None) -> int:
         print(f"folders that import each other: {' '.join(folders)}")
     for line in found["dropped"]:
         print(f"a dropped answer: {line}")
-    failed = ("cycles", "large", "reach", "loose", "tangles", "dropped")
+    for line in found["test_imports"]:
+        print(f"a test module importing another: {line}")
+    failed = ("cycles", "large", "reach", "loose", "tangles", "dropped", "test_imports")
     return 1 if any(found[key] for key in failed) else 0
 
 

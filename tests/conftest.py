@@ -1,10 +1,14 @@
-"""Tiny models from configs, shared by every test file."""
+"""What the test files share: tiny models from configs and the parameter tables they run with, the calls every
+attention test makes on them (logits, a left-padded ``generate``), the byte-level Llamas the evaluation and
+fine-tuning tests save, and the fixtures (``family``, ``docs_dir``). No test module imports another; a helper two of
+them need lives here or in a helper module named for what it computes (``pair_reference``, ``cuda_twins``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from huggingface_hub.errors import StrictDataclassError
+from transformers import AutoConfig, AutoModelForCausalLM, ByT5Tokenizer
 
 import hf_rope_ext  # noqa: F401  (registers the package's rope types)
 
@@ -37,6 +41,18 @@ ENGINE_PARAMS = {
     "string": {"window": 5, "local_window": 2},
     "xpos": {"scale_base": 8.0},
     "roper": {"value_rotary_factor": 1.0},
+}
+# the same and dynamic_yarn, which the engines rotate too (tests/test_attention_engines.py, _implementations.py)
+ENGINE_PARAMS_WITH_DYNAMIC_YARN = {**ENGINE_PARAMS, "dynamic_yarn": {"original_max_position_embeddings": 16}}
+# parameters that make every band matter in 24 tokens: the slow pair-by-pair references' tests
+REFERENCE_PARAMS = {
+    "dual_chunk": {"chunk_size": 7, "local_size": 2},
+    "rerope": {"window": 5},
+    "leaky_rerope": {"window": 5, "factor": 2.5},
+    "self_extend": {"window": 5, "group_size": 3},
+    "string": {"window": 5, "local_window": 2},
+    "xpos": {"scale_base": 8.0, "gamma": 0.4},
+    "roper": {"value_rotary_factor": 0.5},
 }
 
 
@@ -97,28 +113,105 @@ def tiny_model(family: str = "llama", rope_parameters: dict | None = None, seed:
     return AutoModelForCausalLM.from_config(config, attn_implementation=config._attn_implementation).eval()
 
 
-def save_byte_llama(path, max_position_embeddings: int, seed: int = 0):
-    """Save a 2-layer GQA Llama with a byte-level tokenizer (ByT5: 384 ids) to ``path`` (the fine-tuning base)."""
-    from transformers import ByT5Tokenizer
+# a Llama over ByT5's byte-level tokenizer (384 ids: the bytes + 3, pad 0, eos 1, no bos): 2 layers, GQA
+BYTE_LLAMA = dict(
+    vocab_size=384,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    bos_token_id=None,
+    eos_token_id=1,
+    pad_token_id=0,
+)
+EVAL_L0 = 64  # the evaluation tests' Llama: one layer of 2 heads (head_dim 16), tied embeddings, trained length
+EVAL_LLAMA = dict(
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=EVAL_L0,
+    tie_word_embeddings=True,
+)
+PNG_MAGIC = b"\x89PNG"
 
-    tok = ByT5Tokenizer()
-    config = AutoConfig.for_model(
-        "llama",
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_position_embeddings,
-        bos_token_id=None,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
+
+def byte_llama_config(**overrides):
+    return AutoConfig.for_model("llama", **{**BYTE_LLAMA, **overrides})
+
+
+def eval_llama_config(**overrides):
+    return byte_llama_config(**{**EVAL_LLAMA, **overrides})
+
+
+def save_with_byte_tokenizer(path, config, seed: int = 0):
+    """Save a random model of ``config`` (seeded) and ByT5's tokenizer to ``path``."""
     torch.manual_seed(seed)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    tok.save_pretrained(path)
+    ByT5Tokenizer().save_pretrained(path)
     return path
+
+
+def save_byte_llama(path, max_position_embeddings: int, seed: int = 0, **overrides):
+    """Save a 2-layer GQA Llama with a byte-level tokenizer to ``path`` (the fine-tuning base)."""
+    config = byte_llama_config(max_position_embeddings=max_position_embeddings, **overrides)
+    return save_with_byte_tokenizer(path, config, seed)
+
+
+def save_eval_llama(path, seed: int = 0, **overrides):
+    """Save the evaluation tests' Llama (``EVAL_LLAMA``, L0 = 64 unless overridden) to ``path``."""
+    return save_with_byte_tokenizer(path, eval_llama_config(**overrides), seed)
+
+
+def logits(model, ids, **kwargs) -> torch.Tensor:
+    """The model's logits [B, L, vocab] for ``ids`` [B, L], without gradients."""
+    with torch.no_grad():
+        return model(ids, **kwargs).logits
+
+
+def logits_with(model, implementation: str, ids, **kwargs) -> torch.Tensor:
+    """The logits under another registered attention ``implementation`` (a reference); the model's own is restored."""
+    own = model.config._attn_implementation
+    model.set_attn_implementation(implementation)
+    try:
+        return logits(model, ids, **kwargs)
+    finally:
+        model.set_attn_implementation(own)
+
+
+def left_padded_batch(length: int = 12, pad: int = 4):
+    """(ids, attention mask) [2, length]: two prompts, the second shorter and left-padded by ``pad`` (id 0)."""
+    ids = torch.randint(3, 97, (2, length), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    ids[1, :pad] = 0
+    return ids, mask
+
+
+def generate_left_padded(model, use_cache: bool, length: int = 12, pad: int = 4, new_tokens: int = 8):
+    """Greedy ``generate`` on ``left_padded_batch(length, pad)``: (sequences [2, length + new_tokens], the logits of
+    every step [2, new_tokens, vocab])."""
+    ids, mask = left_padded_batch(length, pad)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        use_cache=use_cache,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    return out.sequences, torch.stack(out.logits, 1)
+
+
+def error_text(excinfo) -> str:
+    """The message the user reads; an error transformers' strict configs wrap must wrap a ValueError or KeyError."""
+    err = excinfo.value
+    if isinstance(err, StrictDataclassError):  # transformers' configs wrap a validator's ValueError
+        assert isinstance(err.__cause__, (ValueError, KeyError))
+    return f"{err} {err.__cause__ or ''}"
 
 
 def _legacy_kwarg_is_standardized() -> bool:
@@ -144,3 +237,13 @@ needs_legacy_kwarg = pytest.mark.skipif(
 @pytest.fixture(params=sorted(FAMILIES))
 def family(request):
     return request.param
+
+
+@pytest.fixture(scope="module")
+def docs_dir(tmp_path_factory):
+    """Four text documents of 40, 150, 260 and 400 bytes (deterministic pseudo-code)."""
+    folder = tmp_path_factory.mktemp("docs")
+    words = [f"x{i % 7} = f(y{i % 5}) + {i}\n" for i in range(200)]
+    for n, size in enumerate((40, 150, 260, 400)):
+        (folder / f"doc{n}.txt").write_text("".join(words[n:])[:size])
+    return folder

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ATTENTION_PARAMS, tiny_model
+from conftest import ATTENTION_PARAMS, generate_left_padded, left_padded_batch, tiny_model
 
 from hf_rope_ext.types import registry
 
@@ -12,36 +12,12 @@ ATTENTION_METHODS = [m for m in registry.methods() if m.kind == "attention"]
 PARAMS = ATTENTION_PARAMS
 
 
-def left_padded_batch():
-    """Two prompts, the second shorter and left-padded by 4."""
-    ids = torch.randint(3, 97, (2, 12), generator=torch.Generator().manual_seed(5))
-    mask = torch.ones_like(ids)
-    mask[1, :4] = 0
-    ids[1, :4] = 0
-    return ids, mask
-
-
-def generate(model, use_cache: bool):
-    ids, mask = left_padded_batch()
-    out = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=8,
-        do_sample=False,
-        use_cache=use_cache,
-        pad_token_id=0,
-        return_dict_in_generate=True,
-        output_logits=True,
-    )
-    return out.sequences, torch.stack(out.logits, 1)
-
-
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 @pytest.mark.parametrize("method", ATTENTION_METHODS, ids=lambda m: m.name)
 def test_cache_equals_full_recompute(method, implementation):
     model = tiny_model("llama", {"rope_type": method.name, **PARAMS[method.name]}, attn_implementation=implementation)
-    tokens, step_logits = generate(model, use_cache=True)
-    recomputed_tokens, recomputed_logits = generate(model, use_cache=False)
+    tokens, step_logits = generate_left_padded(model, use_cache=True)
+    recomputed_tokens, recomputed_logits = generate_left_padded(model, use_cache=False)
     assert torch.equal(tokens, recomputed_tokens)
     torch.testing.assert_close(step_logits, recomputed_logits, rtol=0, atol=1e-5)
 
@@ -51,8 +27,8 @@ def test_cache_equals_full_recompute_mistral_sliding_window(method):
     """Explicit head_dim 24 and a sliding window of 6: the cache keeps only the newest keys."""
     rope = {"rope_type": method.name, **PARAMS[method.name]}
     model = tiny_model("mistral", rope, head_dim=24, sliding_window=6, attn_implementation="sdpa")
-    tokens, step_logits = generate(model, use_cache=True)
-    recomputed_tokens, recomputed_logits = generate(model, use_cache=False)
+    tokens, step_logits = generate_left_padded(model, use_cache=True)
+    recomputed_tokens, recomputed_logits = generate_left_padded(model, use_cache=False)
     assert torch.equal(tokens, recomputed_tokens)
     torch.testing.assert_close(step_logits, recomputed_logits, rtol=0, atol=1e-5)
 

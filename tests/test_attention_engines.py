@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ENGINE_PARAMS, fast_plans, tiny_model
+from conftest import ENGINE_PARAMS_WITH_DYNAMIC_YARN, fast_plans, tiny_model
 from cuda_twins import block_list_kernel, dense_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -20,7 +20,7 @@ from hf_rope_ext.attention.engine.piece import Piece
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
-PARAMS = {**ENGINE_PARAMS, "dynamic_yarn": {"original_max_position_embeddings": 16}}
+PARAMS = ENGINE_PARAMS_WITH_DYNAMIC_YARN
 TYPES = sorted(PARAMS)
 LENGTH = 40
 

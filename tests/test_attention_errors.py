@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import needs_legacy_kwarg, tiny_config, tiny_model
+from conftest import error_text, needs_legacy_kwarg, tiny_config, tiny_model
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.integrations.flash_attention import flash_attention_forward
@@ -15,13 +15,6 @@ from hf_rope_ext import _transformers
 from hf_rope_ext.types import registry
 
 ATTENTION_METHODS = [m for m in registry.methods() if m.kind == "attention"]
-
-
-def error_text(excinfo) -> str:
-    err = excinfo.value
-    if isinstance(err, StrictDataclassError):  # transformers' configs wrap a validator's ValueError
-        assert isinstance(err.__cause__, (ValueError, KeyError))
-    return f"{err} {err.__cause__ or ''}"
 
 
 ORIGINAL = "original_max_position_embeddings"

@@ -1,20 +1,20 @@
-"""Attention-level rope types on every family the attention function serves (issue 13), and ``dynamic_yarn``
-giving the same output for the same input whatever came before, on every family (issue 16).
+"""Attention-level rope types on every family the attention function serves, and ``dynamic_yarn`` giving the same
+output for the same input whatever came before, on every family.
 
-The reference scores every (query m, key n) pair pair by pair in float64 (as tests/test_attention_methods.py),
-extended with what the families add: partial rotary (dims past the rotary dim unrotated), the family's own softmax
-scale (Gemma's query_pre_attn_scalar, Granite's attention_multiplier), Gemma 2's score softcap, sliding windows
-(from the ``sliding_window`` the layer passes, mask built here from indices), rope parameters per layer type
-(Gemma 3's local/global thetas). It never reads the model's mask or the package's code.
+The reference scores every (query m, key n) pair pair by pair in float64 (with ``pair_reference``'s distances and
+turns), extended with what the families add: partial rotary (dims past the rotary dim unrotated), the family's own
+softmax scale (Gemma's query_pre_attn_scalar, Granite's attention_multiplier), Gemma 2's score softcap, sliding
+windows (from the ``sliding_window`` the layer passes, mask built here from indices), rope parameters per layer
+type (Gemma 3's local/global thetas). It never reads the model's mask or the package's code.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import REFERENCE_PARAMS, TINY, error_text, generate_left_padded, logits, logits_with
 from huggingface_hub.errors import StrictDataclassError
-from test_attention_methods import distance, turn  # the pair-by-pair distances and turns of each method
+from pair_reference import distance, turn  # the pair-by-pair distances and turns of each method
 from transformers import AutoConfig, AutoModelForCausalLM, RoFormerConfig, RoFormerForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
@@ -24,15 +24,7 @@ from hf_rope_ext.attention.methods.params import FAMILIES
 from hf_rope_ext.types import registry
 
 ATTENTION_METHODS = [m.name for m in registry.methods() if m.kind == "attention"]
-PARAMS = {  # every band matters in 24 tokens
-    "dual_chunk": {"chunk_size": 7, "local_size": 2},
-    "rerope": {"window": 5},
-    "leaky_rerope": {"window": 5, "factor": 2.5},
-    "self_extend": {"window": 5, "group_size": 3},
-    "string": {"window": 5, "local_window": 2},
-    "xpos": {"scale_base": 8.0, "gamma": 0.4},
-    "roper": {"value_rotary_factor": 1.0},
-}
+PARAMS = {**REFERENCE_PARAMS, "roper": {"value_rotary_factor": 1.0}}  # the reference turns values as keys
 # family -> config beyond conftest's TINY that makes its peculiarity matter in 24 tokens (windows of 6)
 SETUPS = {
     "arcee": {},
@@ -162,20 +154,6 @@ def reference_attention(
 AttentionInterface.register(REFERENCE, reference_attention)
 
 
-def logits(model, ids, **kwargs) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids, **kwargs).logits
-
-
-def run_reference(model, ids, **kwargs) -> torch.Tensor:
-    implementation = model.config._attn_implementation
-    model.set_attn_implementation(REFERENCE)
-    try:
-        return logits(model, ids, **kwargs)
-    finally:
-        model.set_attn_implementation(implementation)
-
-
 IDS = torch.randint(3, 97, (2, 24), generator=torch.Generator().manual_seed(1))
 CASES = [(f, i) for f in sorted(FAMILIES) for i in ("eager", "sdpa") if not (i == "sdpa" and f in EAGER_ONLY)]
 
@@ -185,7 +163,7 @@ CASES = [(f, i) for f in sorted(FAMILIES) for i in ("eager", "sdpa") if not (i =
 def test_matches_the_slow_reference(family, implementation, name):
     model = build(family, {"rope_type": name, **PARAMS[name]}, implementation)
     pos = torch.arange(7, 7 + IDS.shape[1])[None]
-    expected = run_reference(model, IDS, position_ids=pos)
+    expected = logits_with(model, REFERENCE, IDS, position_ids=pos)
     torch.testing.assert_close(logits(model, IDS, position_ids=pos), expected, rtol=0, atol=1e-5)
 
 
@@ -197,7 +175,7 @@ def test_input_shorter_than_the_sliding_window_matches_the_reference(family):
     """sdpa: transformers passes no mask while every key is inside the window (5 tokens, window 6)."""
     model = build(family, {"rope_type": "rerope", "window": 2}, "eager" if family in EAGER_ONLY else "sdpa")
     pos = torch.arange(3, 8)[None]
-    expected = run_reference(model, IDS[:, :5], position_ids=pos)
+    expected = logits_with(model, REFERENCE, IDS[:, :5], position_ids=pos)
     torch.testing.assert_close(logits(model, IDS[:, :5], position_ids=pos), expected, rtol=0, atol=1e-5)
 
 
@@ -235,7 +213,8 @@ def test_gemma3_global_layers_only_leave_local_layers_stock(name):
     rotary = model.base_model.rotary_emb
     assert rotary.full_attention_inv_freq.abs().max() == 0 and rotary.sliding_attention_inv_freq.abs().max() > 0
     pos = torch.arange(IDS.shape[1])[None]
-    torch.testing.assert_close(logits(model, IDS, position_ids=pos), run_reference(model, IDS, position_ids=pos))
+    expected = logits_with(model, REFERENCE, IDS, position_ids=pos)
+    torch.testing.assert_close(logits(model, IDS, position_ids=pos), expected)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -244,21 +223,7 @@ def test_gemma3_global_layers_only_leave_local_layers_stock(name):
 
 def generate(model, use_cache: bool):
     """Two prompts of 10, the second left-padded by 3; 6 new tokens (so sliding windows of 6 drop keys)."""
-    ids = torch.randint(3, 97, (2, 10), generator=torch.Generator().manual_seed(5))
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    ids[1, :3] = 0
-    out = model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=6,
-        do_sample=False,
-        use_cache=use_cache,
-        pad_token_id=0,
-        return_dict_in_generate=True,
-        output_logits=True,
-    )
-    return out.sequences, torch.stack(out.logits, 1)
+    return generate_left_padded(model, use_cache, length=10, pad=3, new_tokens=6)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -294,7 +259,7 @@ def test_every_attention_call_finds_its_cache_layer_through_its_keys(family, cac
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# dynamic_yarn (issue 16)
+# dynamic_yarn
 
 
 def scalings(model) -> list[float]:
@@ -391,5 +356,5 @@ def test_unsupported_family_is_refused_with_the_reason(rope):
     """Cohere rotates interleaved pairs in its attention module: neither type can be served there."""
     with pytest.raises((ValueError, StrictDataclassError)) as excinfo:
         AutoConfig.for_model("cohere", **TINY, rope_parameters={"rope_theta": 10000.0, **rope})
-    text = f"{excinfo.value} {excinfo.value.__cause__ or ''}"
+    text = error_text(excinfo)
     assert "model_type='cohere'" in text and "interleaved" in text and rope["rope_type"] in text and "llama" in text

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ENGINE_PARAMS, tiny_model
+from conftest import ENGINE_PARAMS_WITH_DYNAMIC_YARN, tiny_model
 from cuda_twins import block_list_kernel
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
@@ -22,7 +22,7 @@ from hf_rope_ext.attention.engine import flex, kernels
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
-PARAMS = {**ENGINE_PARAMS, "dynamic_yarn": {"original_max_position_embeddings": 16}}
+PARAMS = ENGINE_PARAMS_WITH_DYNAMIC_YARN
 TYPES = sorted(PARAMS)
 IMPLEMENTATIONS = ["flex_attention", "flash_attention_2"]
 LENGTH = 40

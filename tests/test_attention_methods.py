@@ -1,121 +1,28 @@
-"""Attention-level rope types against a slow reference written here, formula by formula.
-
-The reference scores every (query m, key n) pair as q_m . R(-distance(m, n) * theta) k_n, rotating the key pair
-by pair with an explicit [B, H, q, kv, d/2] angle tensor in float64 (R(phi) turns each pair by +phi, so with
-distance m - n this is (R_m q) . (R_n k), plain RoPE). xPos multiplies each pair's term by
-zeta_i^(distance / scale_base); RoPER sums values rotated by -distance * theta. Nothing in it is shared with
-the package's factorized implementation (two bands, chunks, reference positions).
-"""
+"""Attention-level rope types against the slow reference of ``pair_reference`` (float64, pair by pair, formula by
+formula; nothing in it shared with the package's factorized implementation): on several head shapes, under eager and
+sdpa, with left padding, shifted positions, query chunks and packed sequences."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
-from transformers.modeling_utils import AttentionInterface
+from conftest import REFERENCE_PARAMS, logits, logits_with, tiny_model
+from pair_reference import REFERENCE
 
 from hf_rope_ext.attention.engine import reference
 from hf_rope_ext.types import registry
 
 ATTENTION_METHODS = [m for m in registry.methods() if m.kind == "attention"]
-# parameters that make every band matter in 24 tokens
-PARAMS = {
-    "dual_chunk": {"chunk_size": 7, "local_size": 2},
-    "rerope": {"window": 5},
-    "leaky_rerope": {"window": 5, "factor": 2.5},
-    "self_extend": {"window": 5, "group_size": 3},
-    "string": {"window": 5, "local_window": 2},
-    "xpos": {"scale_base": 8.0, "gamma": 0.4},
-    "roper": {"value_rotary_factor": 0.5},
-}
+PARAMS = REFERENCE_PARAMS
 SHAPES = {  # name -> (family, config overrides): GQA, MHA, explicit head_dim
     "llama-gqa": ("llama", {}),
     "llama-mha": ("llama", {"num_key_value_heads": 4}),
     "mistral-head_dim": ("mistral", {"head_dim": 24}),
 }
-REFERENCE = "hf_rope_ext_test_reference"
-
-
-def distance(name: str, params: dict, m: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """The relative distance each method gives a query at m and a key at n (float64)."""
-    d = m - n
-    if name == "rerope":
-        return torch.clamp(d, max=params["window"])
-    if name == "leaky_rerope":
-        w, f = params["window"], params["factor"]
-        return torch.where(d < w, d, w + (d - w) / f)
-    if name == "self_extend":
-        w, g = params["window"], params["group_size"]
-        return torch.where(d < w, d, torch.floor(m / g) - torch.floor(n / g) + w - w // g)
-    if name == "dual_chunk":  # keys at n mod c; the query by chunk gap (intra, successive, inter)
-        size, c = params["chunk_size"], params["chunk_size"] - params["local_size"]
-        g = torch.floor(m / c) - torch.floor(n / c)
-        query = torch.where(g == 0, m % c, torch.where(g == 1, (m % c + c).clamp(max=size), min(2 * c - 1, size)))
-        return query - n % c
-    if name == "string":
-        shift, local = params["window"], params["local_window"]
-        return torch.where(d < shift, d, d - shift + local)
-    return d
-
-
-def turn(x1, x2, phi):
-    """Each pair (x1_i, x2_i) turned by phi_i."""
-    return x1 * phi.cos() - x2 * phi.sin(), x1 * phi.sin() + x2 * phi.cos()
-
-
-def reference_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, position_ids=None, **kw):
-    """Float64, pair by pair; no cache (keys hold the positions of the queries)."""
-    params = {"scale_base": 512.0, "gamma": 0.4, **module.config.rope_parameters}  # the issue's xPos defaults
-    name = params["rope_type"]
-    groups = query.shape[1] // key.shape[1]
-    q, k, v = (t.double() for t in (query, key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)))
-    b, _, length, dim = q.shape
-    pos = position_ids.expand(b, length).double()
-    dist = distance(name, params, pos[:, None, :, None], pos[:, None, None, :])  # [B, 1, q, kv]
-    theta = 1.0 / params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    phi = -dist[..., None] * theta  # [B, 1, q, kv, d/2]
-    h = dim // 2
-    k1, k2 = turn(k[:, :, None, :, :h], k[:, :, None, :, h:], phi)  # keys turned per (query, key) pair
-    terms = q[:, :, :, None, :h] * k1 + q[:, :, :, None, h:] * k2  # [B, H, q, kv, d/2]
-    if name == "xpos":
-        zeta = (torch.arange(h, dtype=torch.float64) * 2 / dim + params["gamma"]) / (1 + params["gamma"])
-        terms = terms * zeta ** (dist.clamp(min=0)[..., None] / params["scale_base"])
-    scores = terms.sum(-1) * scaling
-    allowed = torch.ones(length, length, dtype=torch.bool).tril() if attention_mask is None else attention_mask
-    if allowed.dtype != torch.bool:
-        allowed = allowed > torch.finfo(allowed.dtype).min / 2
-    weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-    if name == "roper":  # the first r_v = 2 floor(f d / 2) value dims, their own theta_j = b^(-2j/r_v)
-        rv = 2 * int(params["value_rotary_factor"] * dim // 2)
-        theta_v = 1.0 / params["rope_theta"] ** (torch.arange(0, rv, 2, dtype=torch.float64) / rv)
-        phi_v = -dist[..., None] * theta_v
-        v1, v2 = turn(v[:, :, None, :, : rv // 2], v[:, :, None, :, rv // 2 : rv], phi_v)  # v_n by (n - m) theta
-        rest = v[:, :, None, :, rv:].expand(*v1.shape[:-1], dim - rv)
-        out = torch.einsum("bhqk,bhqkd->bhqd", weights, torch.cat((v1, v2, rest), -1))
-    else:
-        out = weights @ v
-    return out.to(query.dtype).transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(REFERENCE, reference_attention)
 
 
 def with_params(name: str, **extra) -> dict:
     return {"rope_type": name, **PARAMS[name], **extra}
-
-
-def logits(model, ids, **kwargs) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids, **kwargs).logits
-
-
-def run_reference(model, ids, **kwargs) -> torch.Tensor:
-    implementation = model.config._attn_implementation
-    model.set_attn_implementation(REFERENCE)
-    try:
-        return logits(model, ids, **kwargs)
-    finally:
-        model.set_attn_implementation(implementation)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +41,7 @@ def test_matches_the_slow_reference(method, shape, implementation, ids):
     family, overrides = SHAPES[shape]
     model = tiny_model(family, with_params(method.name), attn_implementation=implementation, **overrides)
     pos = positions(ids.shape[1])
-    expected = run_reference(model, ids, position_ids=pos)
+    expected = logits_with(model, REFERENCE, ids, position_ids=pos)
     torch.testing.assert_close(logits(model, ids, position_ids=pos), expected, rtol=0, atol=1e-5)
 
 
@@ -143,7 +50,7 @@ def test_reference_with_distance_m_minus_n_is_stock_transformers(family, ids):
     stock = tiny_model(family)
     model = tiny_model(family, {"rope_type": "rerope", "window": 64})  # identity rotary, unrotated q/k
     model.load_state_dict(stock.state_dict())
-    torch.testing.assert_close(run_reference(model, ids), logits(stock, ids), rtol=0, atol=1e-5)
+    torch.testing.assert_close(logits_with(model, REFERENCE, ids), logits(stock, ids), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])

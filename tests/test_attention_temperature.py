@@ -1,5 +1,5 @@
 """Attention temperature on every attention-level type: logits against the float64 pair-by-pair reference of
-``test_attention_methods`` fed queries scaled here by factors written out per position; exact with a KV cache;
+``pair_reference`` fed queries scaled here by factors written out per position; exact with a KV cache;
 off by default; bad input named."""
 
 from __future__ import annotations
@@ -8,10 +8,9 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_config, tiny_model
+from conftest import REFERENCE_PARAMS, error_text, generate_left_padded, logits, logits_with, tiny_config, tiny_model
 from huggingface_hub.errors import StrictDataclassError
-from test_attention_cache import generate
-from test_attention_methods import PARAMS, reference_attention
+from pair_reference import reference_attention
 from transformers.modeling_utils import AttentionInterface
 
 from hf_rope_ext.types import registry
@@ -20,6 +19,7 @@ ATTENTION_METHODS = [m.name for m in registry.methods() if m.kind == "attention"
 L0 = 8  # original_max_position_embeddings: positions 8.. of the 24-token inputs are past it
 S = 4.0  # temperature_factor
 REFERENCE = "hf_rope_ext_test_temperature"
+PARAMS = REFERENCE_PARAMS
 
 
 def factor_of(mode: str, m: int) -> float:
@@ -53,11 +53,8 @@ def test_matches_the_reference_with_scaled_queries(name, mode, implementation):
     model = tiny_model("llama", rope(name, mode), attn_implementation=implementation)
     ids = torch.randint(3, 97, (2, 24), generator=torch.Generator().manual_seed(1))
     pos = torch.arange(3, 27)[None]
-    with torch.no_grad():
-        got = model(ids, position_ids=pos).logits
-        model.set_attn_implementation(REFERENCE)
-        expected = model(ids, position_ids=pos).logits
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    expected = logits_with(model, REFERENCE, ids, position_ids=pos)
+    torch.testing.assert_close(logits(model, ids, position_ids=pos), expected, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
@@ -65,8 +62,8 @@ def test_matches_the_reference_with_scaled_queries(name, mode, implementation):
 @pytest.mark.parametrize("name", ATTENTION_METHODS)
 def test_cache_equals_full_recompute(name, mode, implementation):
     model = tiny_model("llama", rope(name, mode), attn_implementation=implementation)
-    tokens, step_logits = generate(model, use_cache=True)
-    recomputed_tokens, recomputed_logits = generate(model, use_cache=False)
+    tokens, step_logits = generate_left_padded(model, use_cache=True)
+    recomputed_tokens, recomputed_logits = generate_left_padded(model, use_cache=False)
     assert torch.equal(tokens, recomputed_tokens)
     torch.testing.assert_close(step_logits, recomputed_logits, rtol=0, atol=1e-5)
 
@@ -97,5 +94,5 @@ BAD = [  # (extra parameters, key named, what the message says)
 def test_bad_temperature_is_named_before_any_work(name, extra, key, allowed):
     with pytest.raises((ValueError, StrictDataclassError)) as excinfo:
         tiny_config(rope_parameters={"rope_type": name, **PARAMS[name], **extra})
-    text = f"{excinfo.value} {excinfo.value.__cause__ or ''}"
+    text = error_text(excinfo)
     assert f"'{key}'" in text and allowed in text and repr(extra.get(key)) in text

@@ -1,4 +1,4 @@
-"""An adapter trained with extended rope parameters, as stock loaders read it (issue 33).
+"""An adapter trained with extended rope parameters, as stock loaders read it.
 
 peft's ``AutoPeftModelForCausalLM`` builds the base from ``base_model_name_or_path`` with the base's own config, so
 the extended ``config.json`` that ``finetune`` saves beside an adapter is not read (pinned below: if peft ever reads

@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from test_eval import docs_dir, save_tiny  # noqa: F401  (docs_dir is a fixture)
+from conftest import save_eval_llama
 from transformers import AutoModelForCausalLM
 
 import hf_rope_ext
@@ -47,8 +47,8 @@ def test_staged_replaces_its_files_keeps_the_users_and_removes_only_its_own_stal
         outputs.check_dir(target / "a.bin", True, "--out")
 
 
-def test_extend_overwrite_keeps_the_users_files(docs_dir, tmp_path, capsys):  # noqa: F811
-    model = save_tiny(tmp_path / "tiny")
+def test_extend_overwrite_keeps_the_users_files(docs_dir, tmp_path, capsys):
+    model = save_eval_llama(tmp_path / "tiny")
     out = tmp_path / "extended"
     write(out, {"notes.md": "my notes", "README.md": "# my own readme\n"})
     argv = ["extend", "--model", str(model), "--rope-type", "ntk", "--factor", "2", "--out", str(out)]
@@ -99,12 +99,12 @@ def modes(folder) -> set[tuple[str, int]]:
     return {("dir" if p.is_dir() else "file", p.stat().st_mode & 0o777) for p in paths}
 
 
-def test_what_every_command_writes_gets_the_users_umask(docs_dir, tmp_path, capsys):  # noqa: F811
+def test_what_every_command_writes_gets_the_users_umask(docs_dir, tmp_path, capsys):
     """A colleague on the same server reads the outputs as the user's umask allows (safetensors writes 0600, a
     staging folder is made 0700)."""
     from conftest import save_byte_llama
 
-    model, base = save_tiny(tmp_path / "tiny"), save_byte_llama(tmp_path / "base", 32)
+    model, base = save_eval_llama(tmp_path / "tiny"), save_byte_llama(tmp_path / "base", 32)
     rope = ["--rope-type", "ntk", "--factor", "2"]
     measures = ["--data", str(docs_dir), "--documents", "1", "--passkey-depths", "0", "--last-chunk", "16"]
     commands = {

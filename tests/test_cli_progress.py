@@ -15,7 +15,7 @@ import termios
 import threading
 from pathlib import Path
 
-from test_eval import docs_dir, save_tiny  # noqa: F401  (docs_dir is a fixture)
+from conftest import save_eval_llama
 
 from hf_rope_ext.cli import main
 
@@ -78,8 +78,8 @@ def bar_lines(lines: list[str]) -> list[str]:
     return [line for line in lines if "it/s]" in line or "s/it]" in line or "%|" in line]
 
 
-def test_no_progress_silences_every_bar_on_a_terminal(docs_dir, tmp_path):  # noqa: F811
-    model = save_tiny(tmp_path / "tiny")
+def test_no_progress_silences_every_bar_on_a_terminal(docs_dir, tmp_path):
+    model = save_eval_llama(tmp_path / "tiny")
     argv = eval_argv(model, docs_dir) + ["--passkey-depths", "0", "--last-chunk", "16"]
     status, output = run_on_terminal(argv)  # on a terminal the bars show (so the check below can fail) ...
     assert status == 0 and "perplexity @64" in output and "last chunk" in output, output
@@ -91,9 +91,9 @@ def test_no_progress_silences_every_bar_on_a_terminal(docs_dir, tmp_path):  # no
     assert "it/s]" not in output and "\r" not in output.replace("\r\n", "\n")
 
 
-def test_extend_on_a_terminal_leaves_one_bar_line(docs_dir, tmp_path):  # noqa: F811
+def test_extend_on_a_terminal_leaves_one_bar_line(docs_dir, tmp_path):
     """Nested loops (perplexity, passkey, ... per method and length) and transformers' loading bars left ~60 lines."""
-    model = save_tiny(tmp_path / "tiny")
+    model = save_eval_llama(tmp_path / "tiny")
     argv = [sys.executable, "-m", "hf_rope_ext", "extend", "--model", str(model), "--data", str(docs_dir)]
     argv += ["--factors", "2", "--documents", "1", "--passkey-depths", "0", "--last-chunk", "16"]
     argv += ["--report-dir", str(tmp_path / "r")]
@@ -112,8 +112,8 @@ def run_to_log(argv: list[str], log: Path) -> str:
     return text
 
 
-def test_a_log_file_gets_no_bars_and_no_escape_codes(docs_dir, tmp_path):  # noqa: F811
-    model = save_tiny(tmp_path / "tiny")
+def test_a_log_file_gets_no_bars_and_no_escape_codes(docs_dir, tmp_path):
+    model = save_eval_llama(tmp_path / "tiny")
     module = [sys.executable, "-m", "hf_rope_ext"]
     commands = {
         "eval": eval_argv(model, docs_dir) + ["--passkey-depths", "0", "--last-chunk", "16"],
@@ -133,8 +133,8 @@ def finetune_words(model, docs, out) -> list[str]:
     return words + ["--length", "128", "--max-steps", "2", "--eval-lengths", "128", "--eval-rows", "1", "--merge"]
 
 
-def test_no_progress_prints_results_and_nothing_else(docs_dir, tmp_path, capsys):  # noqa: F811
-    model = save_tiny(tmp_path / "tiny")
+def test_no_progress_prints_results_and_nothing_else(docs_dir, tmp_path, capsys):
+    model = save_eval_llama(tmp_path / "tiny")
     commands = [
         ["eval", "--model", str(model), "--data", str(docs_dir), "--lengths", "64", "--passkey-depths", "0"]
         + ["--last-chunk", "16"],
@@ -153,7 +153,7 @@ def test_no_progress_prints_results_and_nothing_else(docs_dir, tmp_path, capsys)
         assert err == "" and out.strip(), (argv[0], err)
 
 
-def test_a_long_step_in_a_log_still_prints_a_line_every_interval(docs_dir, tmp_path, capsys, monkeypatch):  # noqa: F811
+def test_a_long_step_in_a_log_still_prints_a_line_every_interval(docs_dir, tmp_path, capsys, monkeypatch):
     """In a log, a step that takes longer than the interval still shows the run is alive: the first training step
     waits until the progress timer has written a line (so the test takes no longer than the interval)."""
     from hf_rope_ext.train import loop
@@ -168,7 +168,7 @@ def test_a_long_step_in_a_log_still_prints_a_line_every_interval(docs_dir, tmp_p
         return stock(*args, **kwargs)
 
     monkeypatch.setattr(loop, "forward_loss", slow_forward)
-    model = save_tiny(tmp_path / "tiny")
+    model = save_eval_llama(tmp_path / "tiny")
     words = ["finetune", "--model", str(model), "--data", str(docs_dir), "--out", str(tmp_path / "ft")]
     assert main([*words, "--rope-type", "ntk", "--length", "128", "--max-steps", "2"]) == 0
     assert any(re.fullmatch(r"progress \dm\d\ds: fine-tuning 0/2", line) for line in lines), lines

@@ -1,5 +1,5 @@
-"""A new user's mistakes and accidents at the command line (issue 26): every bad input is one line naming what is wrong
-and what to do (no traceback), a damaged file is named, out of memory says what to try, and nothing is left behind
+"""A new user's mistakes and accidents at the command line: every bad input is one line naming what is wrong and
+what to do (no traceback), a damaged file is named, out of memory says what to try, and nothing is left behind
 that blocks the retry."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import save_byte_llama
-from test_eval import docs_dir, save_tiny  # noqa: F401  (docs_dir is a fixture)
+from conftest import save_byte_llama, save_eval_llama
 
 import hf_rope_ext
 from hf_rope_ext.cli import main
@@ -20,7 +19,7 @@ L0 = 32
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("tiny"))
+    return save_eval_llama(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +55,7 @@ BAD_PARAMS = {
 
 @pytest.mark.parametrize("param", list(BAD_PARAMS))
 @pytest.mark.parametrize("command", ["eval", "extend", "finetune"])
-def test_a_bad_rope_parameter_is_one_line_naming_it(command, param, tiny, docs_dir, tmp_path, capsys):  # noqa: F811
+def test_a_bad_rope_parameter_is_one_line_naming_it(command, param, tiny, docs_dir, tmp_path, capsys):
     rope = ["--rope-type", "yarn", "--factor", "2", "--rope-param", param]
     argv = {
         "eval": ["eval", "--model", str(tiny), *rope],
@@ -119,7 +118,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_command_names_a_damaged_file_and_leaves_no_output(case, tiny, docs_dir, tmp_path, capsys):  # noqa: F811
+def test_every_command_names_a_damaged_file_and_leaves_no_output(case, tiny, docs_dir, tmp_path, capsys):
     command, name, damage = CASES[case]
     model, damaged = damaged_copy(tiny, tmp_path / "model", name, damage)
     out = tmp_path / "out"
@@ -149,7 +148,7 @@ def test_a_damaged_gguf_file_is_named_and_leaves_no_output(command, tmp_path, ca
     assert leftovers(tmp_path, {"cache"}) == [] and leftovers(tmp_path / "cache", {"downloads"}) == []
 
 
-def test_a_damaged_checkpoint_is_named_and_the_run_stays_resumable(byte_llama, docs_dir, tmp_path, capsys):  # noqa: F811
+def test_a_damaged_checkpoint_is_named_and_the_run_stays_resumable(byte_llama, docs_dir, tmp_path, capsys):
     done = finished_run(byte_llama, docs_dir, tmp_path)
     out = tmp_path / "stopped"  # a run stopped after its first checkpoint: its folder without the adapter
     shutil.copytree(done / "checkpoints", out / "checkpoints")
@@ -180,7 +179,7 @@ def running_out_of_memory_at(monkeypatch, step: int) -> None:
     monkeypatch.setattr(loop, "forward_loss", forward_loss)
 
 
-def test_out_of_memory_says_what_to_try_and_leaves_nothing(byte_llama, docs_dir, tmp_path, capsys, monkeypatch):  # noqa: F811
+def test_out_of_memory_says_what_to_try_and_leaves_nothing(byte_llama, docs_dir, tmp_path, capsys, monkeypatch):
     running_out_of_memory_at(monkeypatch, 1)
     assert main(finetune_argv(byte_llama, docs_dir, tmp_path / "out")) == 1
     line = error_of(capsys)
@@ -189,7 +188,7 @@ def test_out_of_memory_says_what_to_try_and_leaves_nothing(byte_llama, docs_dir,
     assert leftovers(tmp_path, set()) == []  # the same command can be run again
 
 
-def test_out_of_memory_after_a_checkpoint_keeps_a_resumable_run(byte_llama, docs_dir, tmp_path, capsys, monkeypatch):  # noqa: F811
+def test_out_of_memory_after_a_checkpoint_keeps_a_resumable_run(byte_llama, docs_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     argv = finetune_argv(byte_llama, docs_dir, out, "--save-every", "1")
     running_out_of_memory_at(monkeypatch, 2)

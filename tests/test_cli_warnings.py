@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from conftest import save_byte_llama
-from test_eval import docs_dir  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_ALL = """
@@ -24,7 +23,7 @@ for argv in json.loads(sys.argv[1]):
 """
 
 
-def test_ordinary_use_prints_no_warnings(docs_dir, tmp_path):  # noqa: F811
+def test_ordinary_use_prints_no_warnings(docs_dir, tmp_path):
     base = save_byte_llama(tmp_path / "base", 64)
     run, ext = tmp_path / "run", tmp_path / "ext"
     passkey = ["--lengths", "256", "--passkey-depths", "1", "--documents", "1", "--last-chunk", "0"]

@@ -8,7 +8,9 @@ import shlex
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, ByT5Tokenizer, LlamaConfig
+from conftest import EVAL_L0 as L0
+from conftest import PNG_MAGIC, eval_llama_config, save_eval_llama
+from transformers import AutoModelForCausalLM, ByT5Tokenizer
 
 import hf_rope_ext  # noqa: F401
 from hf_rope_ext.cli import main
@@ -32,48 +34,10 @@ from hf_rope_ext.eval import (
 from hf_rope_ext.eval.passkey import NeedleSample, generation_hit, teacher_forced_hit
 from hf_rope_ext.eval.perplexity import CachedLosses
 
-L0 = 64
-PNG_MAGIC = b"\x89PNG"
-
-
-def tiny_llama_config(**overrides) -> LlamaConfig:
-    kwargs = dict(
-        vocab_size=384,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=L0,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=None,
-        tie_word_embeddings=True,
-    )
-    return LlamaConfig(**{**kwargs, **overrides})
-
-
-def save_tiny(directory, seed=0, **overrides):
-    torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(tiny_llama_config(**overrides)).save_pretrained(directory)
-    ByT5Tokenizer().save_pretrained(directory)
-    return directory
-
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def docs_dir(tmp_path_factory):
-    """Four text documents of 40, 150, 260 and 400 bytes (deterministic pseudo-code)."""
-    folder = tmp_path_factory.mktemp("docs")
-    words = [f"x{i % 7} = f(y{i % 5}) + {i}\n" for i in range(200)]
-    for n, size in enumerate((40, 150, 260, 400)):
-        (folder / f"doc{n}.txt").write_text("".join(words[n:])[:size])
-    return folder
+    return save_eval_llama(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +184,7 @@ def test_report_table_json_and_plot(tmp_path):
 
 
 def test_rope_parameters_for_fills_theta_and_pretraining_length():
-    config = tiny_llama_config()
+    config = eval_llama_config()
     params = requested_parameters(config, "yarn", 4.0)
     assert params == {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": L0}
     assert requested_parameters(config, "linear", 2.0) == {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
@@ -239,7 +203,7 @@ def test_rope_parameters_for_fills_theta_and_pretraining_length():
 )
 def test_rope_parameters_for_bad_input(rope_type, factor, extra, error, match):
     with pytest.raises(error, match=match):
-        requested_parameters(tiny_llama_config(), rope_type, factor, extra)
+        requested_parameters(eval_llama_config(), rope_type, factor, extra)
 
 
 def test_parse_rope_params():
@@ -254,10 +218,10 @@ def test_parse_rope_params():
 
 @pytest.mark.parametrize("rope_type", ["yarn", "ntk_by_parts", "linear"])
 def test_loaded_model_equals_one_built_with_the_same_config(tiny_dir, rope_type):
-    params = requested_parameters(tiny_llama_config(), rope_type, 4.0)
+    params = requested_parameters(eval_llama_config(), rope_type, 4.0)
     loaded = load_model(tiny_dir, params)
     torch.manual_seed(0)
-    built = AutoModelForCausalLM.from_config(tiny_llama_config(rope_parameters=params)).eval()
+    built = AutoModelForCausalLM.from_config(eval_llama_config(rope_parameters=params)).eval()
     built.load_state_dict(load_model(tiny_dir).state_dict())
     ids = torch.arange(3, 203)[None]
     with torch.no_grad():

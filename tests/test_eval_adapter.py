@@ -8,7 +8,6 @@ import json
 
 import pytest
 from conftest import save_byte_llama
-from test_eval import docs_dir  # noqa: F401  (a fixture)
 
 from hf_rope_ext.cli import main
 
@@ -16,7 +15,7 @@ L0 = 32
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, docs_dir):  # noqa: F811
+def run(tmp_path_factory, docs_dir):
     """A fine-tuning run (yarn, 2 x L0) with its merged model, trained hard enough to move the perplexity."""
     root = tmp_path_factory.mktemp("adapter")
     base = save_byte_llama(root / "base", L0)
@@ -32,7 +31,7 @@ def perplexities(argv: list[str], docs, out) -> list[float]:
     return [r["perplexity"] for r in json.loads(out.read_text())["records"]]
 
 
-def test_an_adapter_is_evaluated_unmerged_as_its_merged_model(run, docs_dir, tmp_path):  # noqa: F811
+def test_an_adapter_is_evaluated_unmerged_as_its_merged_model(run, docs_dir, tmp_path):
     merged = perplexities(["--model", str(run / "run" / "merged")], docs_dir, tmp_path / "merged.json")
     adapter = perplexities(["--adapter", str(run / "run")], docs_dir, tmp_path / "adapter.json")
     as_model = perplexities(["--model", str(run / "run")], docs_dir, tmp_path / "as_model.json")

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from test_eval import L0, PNG_MAGIC, docs_dir, save_tiny  # noqa: F401  (docs_dir is a fixture)
+from conftest import EVAL_L0 as L0
+from conftest import PNG_MAGIC, save_eval_llama
 
 import hf_rope_ext
 from hf_rope_ext.cli import main
@@ -23,7 +24,7 @@ from hf_rope_ext.eval.runner import EvalPlan
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("tiny_far"), seed=2, num_hidden_layers=2)
+    return save_eval_llama(tmp_path_factory.mktemp("tiny_far"), seed=2, num_hidden_layers=2)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def model(tiny_dir):
 
 
 @pytest.fixture(scope="module")
-def documents(tiny_dir, docs_dir):  # noqa: F811
+def documents(tiny_dir, docs_dir):
     return load_token_documents(load_tokenizer(tiny_dir), docs_dir)
 
 
@@ -79,7 +80,7 @@ def test_far_context_ratio_is_the_perplexity_ratio():
 
 
 @pytest.fixture(scope="module")
-def comparison(tiny_dir, docs_dir):  # noqa: F811
+def comparison(tiny_dir, docs_dir):
     plan = EvalPlan(lengths=(2,), documents=2, last_chunk=None, passkey_depths=0, far_context=True, far_stride=1)
     return compare.run_comparison(tiny_dir, [None, "yarn"], (2.0, 4.0), plan, docs_dir, progress=False)
 
@@ -235,7 +236,7 @@ def test_far_context_plot_draws_the_ratio_against_the_baseline_at_one(tmp_path, 
 
 
 def test_extend_writes_report_with_model_documents_date_command(tmp_path, capsys):
-    model_dir = save_tiny(tmp_path / "model", max_position_embeddings=256)  # long enough for a passkey prompt
+    model_dir = save_eval_llama(tmp_path / "model", max_position_embeddings=256)  # long enough for a passkey prompt
     data_dir = tmp_path / "docs"
     data_dir.mkdir()
     (data_dir / "a.txt").write_text("".join(f"x{i % 7} = f(y{i % 5}) + {i}\n" for i in range(100)))

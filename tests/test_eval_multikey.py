@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_eval import save_tiny
+from conftest import save_eval_llama
 
 from hf_rope_ext.eval import multikey, python_docs
 from hf_rope_ext.eval.loading import load_model, load_tokenizer, requested_parameters
@@ -14,7 +14,7 @@ LENGTH = 640  # bytes (ByT5 tokens): ten times the tiny model's 64 positions
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("tiny_multikey"), seed=3)
+    return save_eval_llama(tmp_path_factory.mktemp("tiny_multikey"), seed=3)
 
 
 @pytest.fixture(scope="module")

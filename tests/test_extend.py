@@ -10,7 +10,8 @@ from fractions import Fraction
 
 import pytest
 import torch
-from test_eval import L0, docs_dir, save_tiny, tiny_llama_config  # noqa: F401  (docs_dir is a fixture)
+from conftest import EVAL_L0 as L0
+from conftest import eval_llama_config, save_eval_llama
 
 from hf_rope_ext.attention.methods import self_extend
 from hf_rope_ext.cli import main
@@ -21,11 +22,11 @@ from hf_rope_ext.types import registry
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("tiny_extend"), seed=1)
+    return save_eval_llama(tmp_path_factory.mktemp("tiny_extend"), seed=1)
 
 
 def test_applicable_methods_come_from_the_registry():
-    found = compare.applicable_methods(tiny_llama_config())
+    found = compare.applicable_methods(eval_llama_config())
     expected = [m.name for m in registry.methods() if m.training_free]
     assert found == [None, "linear", "dynamic", "yarn", *expected]
     assert not {m.name for m in registry.methods() if not m.training_free} & set(found[1:])
@@ -77,13 +78,13 @@ def test_method_runs_pair_each_factor_with_its_length():
 
 
 @pytest.fixture(scope="module")
-def comparison(tiny_dir, docs_dir):  # noqa: F811
+def comparison(tiny_dir, docs_dir):
     plan = EvalPlan(lengths=(2,), documents=2, last_chunk=16, passkey_depths=0)
     return compare.run_comparison(tiny_dir, None, (2.0, 4.0), plan, docs_dir, progress=False)
 
 
 def test_comparison_covers_every_method_and_length(comparison):
-    methods = ["none" if m is None else m for m in compare.applicable_methods(tiny_llama_config())]
+    methods = ["none" if m is None else m for m in compare.applicable_methods(eval_llama_config())]
     measured = {(r["rope_type"], r["length"]) for r in comparison if "perplexity" in r}
     assert measured == {(m, n) for m in methods for n in (L0, 2 * L0, 4 * L0)}
     assert all(math.isfinite(r["perplexity"]) for r in comparison if "perplexity" in r)
@@ -98,12 +99,12 @@ def test_dynamic_types_equal_the_unscaled_model_inside_the_pretraining_length(co
     assert at_l0["linear"] != pytest.approx(at_l0["none"], rel=1e-6)  # a static scaling does change it
 
 
-def test_unknown_rope_type_fails_before_any_evaluation(tiny_dir, docs_dir):  # noqa: F811
+def test_unknown_rope_type_fails_before_any_evaluation(tiny_dir, docs_dir):
     with pytest.raises(KeyError, match="no_such"):
         compare.run_comparison(tiny_dir, [None, "no_such"], (2.0,), None, docs_dir, progress=False)
 
 
-def test_extend_out_saves_a_model_that_reloads_to_the_same_logits(tiny_dir, docs_dir, tmp_path, capsys):  # noqa: F811
+def test_extend_out_saves_a_model_that_reloads_to_the_same_logits(tiny_dir, docs_dir, tmp_path, capsys):
     out = tmp_path / "extended"
     argv = [
         "extend",
@@ -151,7 +152,7 @@ def test_extend_out_saves_a_model_that_reloads_to_the_same_logits(tiny_dir, docs
         (["--rope-type", "yarn", "--rope-param", "nope=1"], "['nope']=1 is not a parameter of rope_type='yarn'"),
     ],
 )
-def test_extend_bad_input(tiny_dir, docs_dir, tmp_path, args, message, capsys):  # noqa: F811
+def test_extend_bad_input(tiny_dir, docs_dir, tmp_path, args, message, capsys):
     base = [
         "extend",
         "--model",
@@ -183,7 +184,7 @@ print(json.dumps({{"max_position_embeddings": config.max_position_embeddings, "l
     ("rope_type", "max_positions", "original"),
     [("yarn", 4 * L0, L0), ("ntk", 4 * L0, L0), ("linear", 4 * L0, None), ("dynamic", L0, None)],
 )
-def test_the_saved_config_states_the_extended_length(tiny_dir, docs_dir, tmp_path, rope_type, max_positions, original):  # noqa: F811
+def test_the_saved_config_states_the_extended_length(tiny_dir, docs_dir, tmp_path, rope_type, max_positions, original):
     """max_position_embeddings is what transformers, vLLM and TGI read as the model's context: the extended length
     (transformers' dynamic reads it as L0), with L0 in rope_parameters where the type has a key for it; the package
     reads L0 back, and the saved model gives the logits of the model it evaluated."""

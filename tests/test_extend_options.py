@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_eval import save_tiny
+from conftest import save_eval_llama
 
 from hf_rope_ext.cli import main
 
@@ -14,7 +14,7 @@ L0 = 400  # bytes: room for a task line and two needles
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("tiny_extend_options"), seed=2, max_position_embeddings=L0)
+    return save_eval_llama(tmp_path_factory.mktemp("tiny_extend_options"), seed=2, max_position_embeddings=L0)
 
 
 def argv(tiny_dir, out, *more):

@@ -176,22 +176,7 @@ def test_save_load_merge_same_logits_and_rope_kept(base, data, tmp_path):
 
 
 def test_tied_embeddings_stay_tied_through_training_and_merge(data, tmp_path):
-    tok = ByT5Tokenizer()
-    config = AutoConfig.for_model(
-        "llama",
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=L0,
-        eos_token_id=tok.eos_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(1)
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tied")
-    tok.save_pretrained(tmp_path / "tied")
+    save_byte_llama(tmp_path / "tied", L0, seed=1, num_hidden_layers=1, tie_word_embeddings=True)
     out = tmp_path / "out"
     finetune(job(str(tmp_path / "tied"), data, out, max_steps=2, train_embeddings=True, merge=True, lr=5e-2))
     merged = AutoModelForCausalLM.from_pretrained(out / "merged")

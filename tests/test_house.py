@@ -2,7 +2,8 @@
 through package ``__init__`` files count), no module loose in the package root, no two folders importing each
 other, no module over 300 lines, transformers' internals reached only from the
 seams in ``hf_rope_ext/_transformers/``; no statement anywhere in the tree that drops a predicate's answer (a check
-that never runs)."""
+that never runs); no test module importing another test module (shared helpers live in ``tests/conftest.py`` or a
+helper module)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def test_the_package_has_no_cycle_no_large_module_and_no_reach_past_the_seams():
     assert found["cycles"] == [] and found["large"] == [] and found["reach"] == [], found
     assert found["loose"] == [] and found["tangles"] == [], (found["loose"], found["tangles"])
     assert found["dropped"] == [], found["dropped"]
+    assert found["test_imports"] == [], found["test_imports"]
 
 
 def write(root: Path, files: dict[str, str]) -> None:
@@ -31,7 +33,8 @@ def write(root: Path, files: dict[str, str]) -> None:
 
 def test_the_checks_find_what_they_look_for(tmp_path):
     """A circle through a package __init__ and a function-level import, a patched transformers class, a long
-    module, checks that never run: each is reported; a call made for its effect is not."""
+    module, checks that never run, test modules importing another: each is reported; a call made for its effect and
+    a test module importing a helper module are not."""
     write(
         tmp_path,
         {
@@ -52,6 +55,10 @@ def test_the_checks_find_what_they_look_for(tmp_path):
                 '"""Doc."""\nfrom pathlib import Path\n\n\ndef test():\n    p = Path(".")\n    p.exists()\n'
                 "    p.mkdir() if p.is_dir() else p.touch()\n    p.is_dir() if p else p.is_file()\n    p.name\n"
             ),
+            "tests/helper.py": "import test_x\n",
+            "tests/test_y.py": "import conftest\nimport helper\nfrom test_x import test\n\n\ndef f():\n"
+            "    import tests.test_x\n",
+            "tests/test_z.py": "from tests import test_y\nfrom . import test_x as x, conftest\n",
         },
     )
     found = house.report(tmp_path)
@@ -64,4 +71,10 @@ def test_the_checks_find_what_they_look_for(tmp_path):
         "tests/test_x.py:7 drops p.exists()",
         "tests/test_x.py:9 drops p.is_dir() if p else p.is_file()",
         "tests/test_x.py:10 drops p.name",
+    ]
+    assert found["test_imports"] == [
+        "tests/test_y.py:3 imports test_x",
+        "tests/test_y.py:7 imports test_x",
+        "tests/test_z.py:1 imports test_y",
+        "tests/test_z.py:2 imports test_x",
     ]

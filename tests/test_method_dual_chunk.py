@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_config, tiny_model
-from position_reference import layer_output_and_reference
+from pair_reference import layer_output_and_reference
 from transformers import AutoModelForCausalLM
 
 from hf_rope_ext import rope_parameters_for

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import tiny_config, tiny_model
 from huggingface_hub.errors import StrictDataclassError
-from position_reference import layer_output_and_reference
+from pair_reference import layer_output_and_reference
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 LENGTH = 24

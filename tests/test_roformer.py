@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from conftest import logits
 from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import (
     AutoModelForMaskedLM,
@@ -125,11 +126,6 @@ needs_kwargs = pytest.mark.skipif(
 
 def ids(length: int, batch: int = 2, seed: int = 1) -> torch.Tensor:
     return torch.randint(3, TINY["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-def logits(model, input_ids) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids).logits
 
 
 def table(positions: torch.Tensor, base: float = 10000.0, dim: int = HEAD_DIM) -> torch.Tensor:

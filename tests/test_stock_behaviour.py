@@ -1,4 +1,4 @@
-"""With hf_rope_ext imported, transformers' own checks still hold (issue 13), reproduced here case by case:
+"""With hf_rope_ext imported, transformers' own checks still hold, reproduced here case by case:
 
 - ``tests/utils/test_modeling_rope_utils.py::test_rope_validation``: every entry of ``ROPE_INIT_FUNCTIONS`` raises a
   KeyError for a dict missing its required keys and for keys of other types (flat Llama, nested Gemma 3 configs);
@@ -241,7 +241,7 @@ def test_roformer_config_reads_like_other_rope_families_and_saves_as_stock(tmp_p
     assert config.rope_parameters == {}
 
 
-# ----------------------------------------------------------------------------- issue 14, items 8 and 9
+# ------------------------------------------------------------------------- loading rope parameters; RoFormer's table
 
 
 @needs_legacy_kwarg
@@ -295,7 +295,7 @@ def test_roformer_with_rope_parameters_runs_past_its_table_as_stock_inside_it():
     assert longer.shape[1] == 128 and torch.isfinite(longer).all()
 
 
-# ----------------------------------------------------------------------------- issue 16: who iterates the table
+# ----------------------------------------------------------------------------- who iterates the table
 
 
 def test_list_shows_exactly_what_rope_init_functions_holds():

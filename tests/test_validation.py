@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import tiny_config, tiny_model
+from conftest import error_text, tiny_config, tiny_model
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoModelForCausalLM
 
@@ -14,14 +14,6 @@ from hf_rope_ext.types import registry
 CONFIG_ERRORS = (ValueError, StrictDataclassError)
 
 WITH_FACTOR = [m for m in registry.methods() if "factor" in m.params and m.params["factor"].minimum == 1.0]
-
-
-def error_text(excinfo) -> str:
-    """The message the user reads; a wrapped error must wrap our ValueError or KeyError."""
-    err = excinfo.value
-    if isinstance(err, StrictDataclassError):
-        assert isinstance(err.__cause__, (ValueError, KeyError))
-    return f"{err} {err.__cause__ or ''}"
 
 
 @pytest.mark.parametrize("method", WITH_FACTOR, ids=lambda m: m.name)
