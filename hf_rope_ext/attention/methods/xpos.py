@@ -1,5 +1,5 @@
 """``xpos``: xPos, ordinary RoPE scores times zeta_i^((m - n)/scale_base) per rotary pair i,
-zeta_i = (2i/d + gamma) / (1 + gamma). How the engine keeps it within the float range: ``engine.treatments``.
+zeta_i = (2i/d + gamma) / (1 + gamma). How the engine keeps it within the float range: ``engine.decay_and_value_turns``.
 
 Paper: Sun et al. 2022, "A Length-Extrapolatable Transformer", arXiv 2212.10554. Checked against microsoft/torchscale
 ``torchscale/component/xpos_relative_position.py`` (``XPOS``: scale (2i + 0.4 d) / (1.4 d) to the power position /
