@@ -1,6 +1,6 @@
-"""The fast engine's one-band forms (xPos, RoPER, the dynamic frequency types): plain RoPE queries and keys (xPos
-scaled relative to a reference, ``decay_and_value_turns``), RoPER's rotated values, per chunk of query rows: one sdpa call
-when possible, else pieces merged by log-sum-exp. Keys and values rotated at earlier decode steps are reused."""
+"""The fast engine's one-band forms (xPos, RoPER, the dynamic frequency types): plain RoPE queries and keys (xPos scaled
+relative to a reference, ``decay_and_value_turns``), RoPER's rotated values, per chunk of query rows: one sdpa call when
+possible, else pieces merged by log-sum-exp. Keys and values rotated at earlier decode steps are reused."""
 
 from __future__ import annotations
 
