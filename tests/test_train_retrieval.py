@@ -113,3 +113,39 @@ def test_the_wordings_are_not_the_probes(tokenizer):
     probes = {passkey.NEEDLE, passkey.QUESTION, multikey.NEEDLE, multikey.QUESTION}
     assert probes.isdisjoint(FACTS + QUESTIONS)
     assert not any("pass key" in text for text in FACTS + QUESTIONS)
+
+
+def test_finetune_scores_only_the_answers_of_retrieval_rows(tmp_path, monkeypatch):
+    """``finetune(retrieval=1.0)``: every micro-batch reaches the loss with labels that score the answers alone, and
+    the loss is the cross-entropy of exactly those tokens."""
+    import torch
+    import torch.nn.functional as F
+    from conftest import save_byte_llama
+
+    from hf_rope_ext.train import FinetuneConfig, finetune, loop
+
+    base = save_byte_llama(tmp_path / "base", 32)
+    (tmp_path / "data.txt").write_text(TEXT * 4)
+    seen, stock = [], loop.forward_loss
+
+    def forward_loss(accelerator, model, input_ids, positions, labels=None):
+        loss = stock(accelerator, model, input_ids, positions, labels)
+        with torch.no_grad():
+            logits = model(input_ids=input_ids, position_ids=positions).logits[:, :-1].float()
+        scored = labels[:, 1:] != IGNORE
+        expected = F.cross_entropy(logits[scored], input_ids[:, 1:][scored])
+        seen.append((labels.clone(), input_ids.clone(), float(loss.detach()), float(expected)))
+        return loss
+
+    monkeypatch.setattr(loop, "forward_loss", forward_loss)
+    config = FinetuneConfig(
+        model=str(base), out=str(tmp_path / "out"), rope_type="ntk_by_parts", length=512, max_steps=2,
+        data=[str(tmp_path / "data.txt")], batch_size=2, retrieval=1.0, retrieval_keys=2,
+    )  # fmt: skip
+    finetune(config)
+    assert len(seen) == 2
+    for labels, input_ids, loss, expected in seen:
+        scored = labels != IGNORE
+        assert 0 < int(scored.sum()) < labels.numel() // 4  # the answers only
+        assert torch.equal(labels[scored], input_ids[scored])
+        assert loss == pytest.approx(expected, rel=1e-4)

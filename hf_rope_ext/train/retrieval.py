@@ -71,7 +71,10 @@ def retrieval_row(tokenizer, row: list[int], rng: random.Random, keys: int) -> t
     qa = [(encode(rng.choice(QUESTIONS).format(kind=k, thing=t)), encode(f" {v}")) for k, t, v in asked]
     room = len(row) - sum(map(len, fact_ids)) - sum(len(q) + len(a) for q, a in qa)
     if room < 2 * keys:
-        raise ValueError(f"a row of {len(row)} tokens is too short for {keys} facts and their questions")
+        raise ValueError(
+            f"retrieval_keys={keys}: a row of {len(row)} tokens is too short for {keys} facts and their questions; "
+            "plant fewer facts or train on longer rows"
+        )
     text = row[:room]
     points = cut_points(tokenizer, text)  # a text with fewer places than facts: facts share places
     cuts = sorted(rng.sample(points, keys) if len(points) >= keys else rng.choices(points, k=keys))
