@@ -56,6 +56,7 @@ SINGLE = [(m, 2, 10) for m in ("rerope", "self_extend", "yarn", "none")] + [(m, 
 # the newer training-free methods, alone and with an attention temperature: the classic probe first (cheapest)
 NEWER = ("dual_chunk", "dual_chunk+log", "string", "string+constant", "self_extend+log")
 SINGLE += [(m, s, 10) for s in (4, 2) for m in NEWER if not (s == 4 and m.startswith("string"))]
+SINGLE += [("lora", 4, 10)]  # the adapter of --adapter, merged into its base
 CELLS += [(m, s, 7 if s == 2 else 4) for s in (4, 2) for m in NEWER if not (s == 4 and m.startswith("string"))]
 TEMPERATURES = ("log", "constant")
 ADAPTER = Path(__file__).resolve().parent.parent / "examples" / "smollm2-yarn4-pose-lora"
@@ -115,17 +116,22 @@ def split_method(method: str, factor: float) -> tuple[str | None, dict, str]:
     return rope_type, extra, f"{label(rope_type)} + {temperature} temperature"
 
 
-def run_single_key_cell(folder, config, tokenizer, cell) -> list[dict]:
-    """Pass keys by generation with one key per prompt, at factor x L0 tokens only (no perplexity, no 8k run)."""
+def run_single_key_cell(folder, config, tokenizer, cell, adapter: Path) -> list[dict]:
+    """Pass keys by generation with one key per prompt, at factor x L0 tokens only (no perplexity, no 8k run); the
+    ``lora`` cell reads the adapter merged into its base, with the rope parameters it was trained with."""
     method, factor, prompts = cell
     rope_type, extra, name = split_method(method, factor)
     params = compare.run_parameters(config, rope_type, float(factor), 8192, extra)
     start = time.perf_counter()
+    if method == "lora":
+        folder, name = merged(adapter, folder), f"LoRA {adapter.name}"
     model = loading.load_model(folder, params, dtype=torch.bfloat16)
     found = multikey_accuracy(model, tokenizer, factor * 8192, prompts, keys=1)
     record = {"rope_type": name, "length": factor * 8192, "rope_parameters": params, **found}
     extra = {"cell_seconds": round(time.perf_counter() - start), "keys_per_prompt": 1, "cell_factor": factor}
-    return [{**record, **extra, "command": SINGLE_COMMAND.format(method=method, factor=factor, prompts=prompts)}]
+    command = SINGLE_COMMAND.format(method=method, factor=factor, prompts=prompts)
+    command += f" --adapter {adapter}" if method == "lora" else ""
+    return [{**record, **extra, "command": command}]
 
 
 def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Path) -> list[dict]:
@@ -223,7 +229,7 @@ def main() -> None:
         if key not in done:
             cell = named[key]
             done[key] = (
-                run_single_key_cell(folder, config, tokenizer, cell)
+                run_single_key_cell(folder, config, tokenizer, cell, args.adapter)
                 if key.endswith(":1key")
                 else run_cell(folder, config, tokenizer, documents, cell, done, args.adapter)
             )

@@ -283,6 +283,9 @@ def no_rope(tmp_path_factory):
         ({"scheduler": "triangle"}, ValueError, "scheduler='triangle' is not allowed"),
         ({"lr": 0.0}, ValueError, "lr=0.0 must be > 0"),
         ({"eval_far_context": True, "eval_lengths": [L0 // 2]}, ValueError, "--eval-far-context needs an"),
+        ({"retrieval": 1.5}, ValueError, r"retrieval=1\.5"),
+        ({"retrieval_keys": 99}, ValueError, "retrieval_keys=99"),
+        ({"retrieval": 0.5, "retrieval_keys": 7}, ValueError, "retrieval_keys=7: a row of 64 tokens is too short"),
     ],
 )
 def test_bad_input_fails_before_anything_is_written(base, data, tmp_path, request, overrides, error, match):

@@ -52,7 +52,7 @@ def stage_loaders(accelerator, datasets, settings: LoopSettings):
     global_batch = settings.batch_size * data_parallel(accelerator)[0]
     loaders = []
     for index, dataset in enumerate(datasets):
-        rows = dataset.with_format("torch", columns=["input_ids"])
+        rows = dataset.with_format("torch", columns=[c for c in ("input_ids", "labels") if c in dataset.column_names])
         sampler = EpochSampler(len(rows), settings.seed * 131 + index)
         # its own generator: starting an epoch must not draw from the global RNG (dropout), or resume would drift
         own = torch.Generator().manual_seed(settings.seed)

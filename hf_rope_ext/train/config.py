@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..store.files import check_folder
 from .csv_log import LOG_FILE
+from .retrieval import THINGS
 from .run_folder import check_free
 
 RESULTS_FILE = "eval_results.json"
@@ -71,6 +72,16 @@ class FinetuneConfig:
         None, DATA, "tokens per sequence for pose/random (default: the original length)", type="positive_int"
     )
     pose_chunks: int = option(2, DATA, "chunks per PoSE window", type="positive_int")
+    retrieval: float = option(
+        0.0,
+        DATA,
+        "share of training rows made retrieval rows: facts planted in the row's text, questions about them at its end, "
+        "loss on the answers only (0: none)",
+        type="probability",
+    )
+    retrieval_keys: int = option(
+        3, DATA, "facts per retrieval row, each of its own kind and place", type="positive_int"
+    )
     rank: int = option(8, LORA, "LoRA rank r", type="positive_int")
     alpha: float = option(16.0, LORA, "LoRA alpha (scale alpha / r)", type="positive_float")
     dropout: float = option(0.0, LORA, "LoRA dropout", type="probability")
@@ -140,6 +151,12 @@ def check_numbers(cfg: FinetuneConfig) -> None:
         raise ValueError(
             f"scheduler={cfg.scheduler!r} is not allowed; expected one of {[t.value for t in SchedulerType]}"
         )
+    if not 1 <= cfg.retrieval_keys <= len(THINGS):
+        raise ValueError(
+            f"retrieval_keys={cfg.retrieval_keys!r}: facts per retrieval row must be within [1, {len(THINGS)}]"
+        )
+    if not 0.0 <= cfg.retrieval <= 1.0:
+        raise ValueError(f"retrieval={cfg.retrieval!r}: the share of retrieval rows must be within [0, 1]")
     if any(int(n) < 2 for n in cfg.eval_lengths or ()):
         raise ValueError(f"eval_lengths={cfg.eval_lengths!r}: every length must be an integer >= 2")
 

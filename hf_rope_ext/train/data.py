@@ -15,6 +15,7 @@ import numpy as np
 
 from ..eval import load_token_documents
 from ..store.bundled import corpus_files
+from .retrieval import mix_retrieval
 
 if TYPE_CHECKING:
     from .config import FinetuneConfig
@@ -146,6 +147,17 @@ def packed_stages(tokenized, stages: list[Stage], mode: str, needed: int) -> lis
     for stage, packed in zip(stages, datasets, strict=True):
         check_enough(len(packed), needed, stage.window, tokenized)
     return datasets
+
+
+def with_retrieval(datasets: list, tokenizer, cfg: FinetuneConfig) -> list:
+    """Each stage's rows with a share ``cfg.retrieval`` made retrieval rows (``retrieval``; a ``labels`` column on
+    every row); the rows as they are when the share is 0."""
+    if not cfg.retrieval:
+        return datasets
+    seeds = [cfg.seed * 1009 + index for index in range(len(datasets))]  # one stream per stage
+    return [
+        mix_retrieval(d, tokenizer, cfg.retrieval, cfg.retrieval_keys, s) for d, s in zip(datasets, seeds, strict=True)
+    ]
 
 
 def load_text(cfg: FinetuneConfig, tokenizer):

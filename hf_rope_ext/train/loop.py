@@ -73,16 +73,18 @@ def make_optimizer(model, settings: LoopSettings, total_steps: int):
     return optimizer, scheduler
 
 
-def forward_loss(accelerator, model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Loss of one micro-batch; an all-ones mask keeps transformers from reading skip-wise ids as packed sequences."""
+def forward_loss(accelerator, model, input_ids: torch.Tensor, positions: torch.Tensor, labels=None) -> torch.Tensor:
+    """Loss of one micro-batch, on the tokens ``labels`` (batch, seq) scores (-100: not scored; default: every
+    token); an all-ones mask keeps transformers from reading skip-wise ids as packed sequences."""
+    labels = input_ids if labels is None else labels
     cp = accelerator.parallelism_config is not None and accelerator.parallelism_config.cp_enabled
     if cp:  # context parallelism shards every buffer along the sequence (see context_parallel.py): labels first
-        labels = shifted_labels(input_ids)
+        labels = shifted_labels(labels)
         with accelerator.maybe_context_parallel(buffers=[input_ids, positions, labels], buffer_seq_dims=[1, 1, 1]):
             logits = model(input_ids=input_ids, position_ids=positions).logits
             return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
     mask = torch.ones_like(input_ids)
-    return causal_lm_loss(model(input_ids=input_ids, position_ids=positions, attention_mask=mask).logits, input_ids)
+    return causal_lm_loss(model(input_ids=input_ids, position_ids=positions, attention_mask=mask).logits, labels)
 
 
 def stage_of(stages: list[Stage], step: int) -> tuple[int, int]:
@@ -167,7 +169,7 @@ def run_stage(run: Run, step: int, rows: list[dict]) -> int:
     stage, accum = run.stages[index], run.settings.grad_accum
     first_micro = (step - done) * accum  # micro-batches before this stage, for the position seeds
     for micro, batch in enumerate(micro_batches(run.accelerator, run.loaders[index], done * accum), start=done * accum):
-        loss = micro_step(run, stage, batch["input_ids"], first_micro + micro)
+        loss = micro_step(run, stage, batch["input_ids"], first_micro + micro, batch.get("labels"))
         if not run.accelerator.sync_gradients:
             continue
         step += 1
@@ -177,9 +179,9 @@ def run_stage(run: Run, step: int, rows: list[dict]) -> int:
     return step
 
 
-def micro_step(run: Run, stage: Stage, input_ids: torch.Tensor, global_micro: int) -> torch.Tensor:
-    """Forward and backward of one micro-batch (this process' rows of global micro-batch ``global_micro``); the
-    optimizer steps when accumulation is complete."""
+def micro_step(run: Run, stage: Stage, input_ids: torch.Tensor, global_micro: int, labels=None) -> torch.Tensor:
+    """Forward and backward of one micro-batch (this process' rows of global micro-batch ``global_micro``, scored
+    where ``labels`` says, default every token); the optimizer steps when accumulation is complete."""
     acc, settings = run.accelerator, run.settings
     processes, rank = data_parallel(acc)
     rows = input_ids.shape[0]  # the global micro-batch is ranks' rows in rank order: ours are [rank*rows, +rows)
@@ -193,7 +195,7 @@ def micro_step(run: Run, stage: Stage, input_ids: torch.Tensor, global_micro: in
     )
     positions = every[rank * rows : (rank + 1) * rows].to(acc.device)
     with acc.accumulate(run.model):
-        loss = forward_loss(acc, run.model, input_ids, positions)
+        loss = forward_loss(acc, run.model, input_ids, positions, labels)
         acc.backward(loss)
         if acc.sync_gradients and settings.max_grad_norm:
             acc.clip_grad_norm_(run.model.parameters(), settings.max_grad_norm)

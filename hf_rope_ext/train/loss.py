@@ -14,9 +14,10 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 
-def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy; logits (batch, seq, vocab), ids (batch, seq); fp32 softmax."""
-    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), input_ids[:, 1:].flatten())
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the scored tokens; logits (batch, seq, vocab), labels (batch, seq): the
+    input ids, -100 where a token is not scored (position i predicts labels[i + 1]); fp32 softmax."""
+    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
 
 def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from ..publish.cards import write_model_card
 from ..store.files import read_json
 from ..util.quiet import enable_activation_checkpointing, peft_wrapping
 from .config import MERGED_DIR, RESULTS_FILE, FinetuneConfig, training_summary
-from .data import load_text, packed_stages
+from .data import load_text, packed_stages, with_retrieval
 from .lora import apply_lora
 from .model import attention_implementation, check_fp16, extended_config, load_model, resolve_precision
 from .plan import plan_stages, settings_of
@@ -240,6 +240,7 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
     with state.main_process_first():  # files that datasets caches are written by the main process alone
         train_text, eval_documents = load_text(cfg, tokenizer)
     datasets = packed_stages(train_text, stages, cfg.packing, cfg.batch_size * cfg.grad_accum * state.num_processes)
+    datasets = with_retrieval(datasets, tokenizer, cfg)
     model = load_model(cfg.model, config, precision, attention_implementation(cfg.rope_type, state.device))
     model = model.to(state.device)
     if precision == "fp16":
