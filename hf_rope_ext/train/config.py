@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..store.files import check_folder
 from .csv_log import LOG_FILE
-from .retrieval import THINGS
+from .retrieval import check_retrieval
 from .run_folder import check_free
 
 RESULTS_FILE = "eval_results.json"
@@ -151,12 +151,7 @@ def check_numbers(cfg: FinetuneConfig) -> None:
         raise ValueError(
             f"scheduler={cfg.scheduler!r} is not allowed; expected one of {[t.value for t in SchedulerType]}"
         )
-    if not 1 <= cfg.retrieval_keys <= len(THINGS):
-        raise ValueError(
-            f"retrieval_keys={cfg.retrieval_keys!r}: facts per retrieval row must be within [1, {len(THINGS)}]"
-        )
-    if not 0.0 <= cfg.retrieval <= 1.0:
-        raise ValueError(f"retrieval={cfg.retrieval!r}: the share of retrieval rows must be within [0, 1]")
+    check_retrieval(cfg.retrieval, cfg.retrieval_keys)
     if any(int(n) < 2 for n in cfg.eval_lengths or ()):
         raise ValueError(f"eval_lengths={cfg.eval_lengths!r}: every length must be an integer >= 2")
 

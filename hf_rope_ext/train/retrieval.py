@@ -90,14 +90,19 @@ def retrieval_row(tokenizer, row: list[int], rng: random.Random, keys: int) -> t
     return ids, labels
 
 
+def check_retrieval(fraction: float, keys: int) -> None:
+    """The share of retrieval rows within [0, 1] and the facts per row within [1, len(THINGS)], else a named error."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"retrieval={fraction!r}: the share of retrieval rows must be within [0, 1]")
+    if not 1 <= keys <= len(THINGS):
+        raise ValueError(f"retrieval_keys={keys!r}: facts per retrieval row must be within [1, {len(THINGS)}]")
+
+
 def mix_retrieval(rows, tokenizer, fraction: float, keys: int, seed: int):
     """A ``datasets.Dataset`` of rows (column ``input_ids``) with a ``labels`` column: a share ``fraction`` of the
     rows (drawn per row from the seed) become retrieval rows, the others stay language-model text scored on every
     token (labels = input_ids)."""
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"retrieval={fraction!r}: the share of retrieval rows must be within [0, 1]")
-    if not 1 <= keys <= len(THINGS):
-        raise ValueError(f"retrieval_keys={keys!r}: facts per row must be within [1, {len(THINGS)}]")
+    check_retrieval(fraction, keys)
 
     def build(batch, indices):
         out = {"input_ids": [], "labels": []}
