@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 import hf_rope_ext
 from hf_rope_ext.cli import main
 from hf_rope_ext.eval.loading import load_model
-from hf_rope_ext.eval.multikey import OBJECTS, multikey_accuracy, prompt_ids
+from hf_rope_ext.eval.multikey import OBJECTS, depths, multikey_accuracy, probe_prompt, prompt_ids
 from hf_rope_ext.store import from_gguf, smollm2
 from hf_rope_ext.train.prepare import load_adapter
 
@@ -130,16 +130,30 @@ def test_a_yarn_gguf_for_llama_cpp_loads_back_with_its_rope(real_model_dir, tmp_
     assert torch.equal(logits(load_model(out)), logits(load_model(real_model_dir, params)))
 
 
-def test_the_shipped_adapter_loads_on_the_real_model_and_changes_its_output(real_model_dir):
-    """examples/smollm2-yarn4-pose-lora (yarn x4, PoSE LoRA): loaded on the converted SmolLM2 with its extended
+@pytest.mark.parametrize("name", ["smollm2-yarn4-pose-lora", "smollm2-yarn4-retrieval-lora"])
+def test_a_shipped_adapter_loads_on_the_real_model_and_changes_its_output(real_model_dir, name):
+    """examples/smollm2-yarn4-*-lora (yarn x4, PoSE LoRA): loaded on the converted SmolLM2 with its extended
     config, the base gets yarn x4 and the adapter moves the logits; merged, it gives the same logits."""
-    adapter = ROOT / "examples" / "smollm2-yarn4-pose-lora"
+    adapter = ROOT / "examples" / name
     model = load_adapter(str(adapter), base=str(real_model_dir), dtype=torch.float32).eval()
     params = hf_rope_ext.rope_parameters_for(real_model_dir, "yarn", factor=4.0)
     assert model.config.rope_parameters == params
     tuned, plain = logits(model), logits(load(real_model_dir, rope_parameters=params))
     assert torch.isfinite(tuned).all() and (tuned - plain).abs().max() > 0.1
     torch.testing.assert_close(logits(model.merge_and_unload()), tuned, rtol=1e-4, atol=1e-4)
+
+
+def test_the_retrieval_adapter_tells_three_keys_apart_where_yarn_alone_does_not(real_model_dir):
+    """One 4096-token prompt with three keys (depths 1/12, 5/12, 9/12), each asked after the shared prefill: yarn x4
+    on SmolLM2 answers the 5/12 one with the 9/12 one's key; with examples/smollm2-yarn4-retrieval-lora merged, all
+    three are right. A broken load (the adapter not applied, the wrong rope) gives yarn's answers."""
+    adapter = ROOT / "examples" / "smollm2-yarn4-retrieval-lora"
+    tokenizer, keys, where = AutoTokenizer.from_pretrained(real_model_dir), [46044, 68239, 24933], depths(3, 0, 2)
+    tuned = load_adapter(str(adapter), base=str(real_model_dir), dtype=torch.float32).eval().merge_and_unload()
+    params = hf_rope_ext.rope_parameters_for(real_model_dir, "yarn", factor=4.0)
+    answers = lambda model: [t.strip()[:5] for _, _, t in probe_prompt(model, tokenizer, 4096, keys, where)]  # noqa: E731
+    assert answers(tuned) == [str(k) for k in keys]
+    assert answers(load(real_model_dir, rope_parameters=params)) != [str(k) for k in keys]
 
 
 def test_the_shipped_adapter_bundled_loads_right_in_stock_peft(real_model_dir, tmp_path):
