@@ -118,6 +118,12 @@ def split_method(method: str, factor: float) -> tuple[str | None, dict, str]:
     return rope_type, extra, f"{label(rope_type)} + {temperature} temperature"
 
 
+def shown(adapter: Path) -> str:
+    """The adapter as a cell's command names it: relative to the repository when inside it (examples/...)."""
+    root = ADAPTER.parents[1]
+    return str(adapter.resolve().relative_to(root)) if adapter.resolve().is_relative_to(root) else str(adapter)
+
+
 def row_name(name: str, dtype: str) -> str:
     """The table row of a cell: the method's label, and "(float32)" where the cell did not run in bf16."""
     return name if dtype == "bfloat16" else f"{name} (float32)"
@@ -138,7 +144,7 @@ def run_single_key_cell(folder, config, tokenizer, cell, adapter: Path, dtype: s
     extra = {"cell_seconds": round(time.perf_counter() - start), "keys_per_prompt": 1, "cell_factor": factor}
     extra |= {"dtype": dtype, "adapter": adapter.name} if method == "lora" else {"dtype": dtype}
     command = SINGLE_COMMAND.format(method=method, factor=factor, prompts=prompts, dtype=dtype)
-    command += f" --adapter {adapter}" if method == "lora" else ""
+    command += f" --adapter {shown(adapter)}" if method == "lora" else ""
     return [{**record, **extra, "command": command}]
 
 
@@ -160,7 +166,7 @@ def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Pa
         "command": COMMAND.format(model="<smollm2>", method=rope_type, factor=factor, prompts=prompts, dtype=dtype)
         + "".join(f" --rope-param {k}={v}" for k, v in extra.items())
         if method != "lora"
-        else f"python scripts/real_model_report.py --cells lora:4 --adapter {adapter} --dtype {dtype}",
+        else f"python scripts/real_model_report.py --cells lora:4 --adapter {shown(adapter)} --dtype {dtype}",
     }
     return [{**r, "cell_factor": factor, **extra} for r in records]
 
