@@ -77,6 +77,20 @@ def test_method_runs_pair_each_factor_with_its_length():
     assert compare.method_runs("dynamic_yarn", 512, [2.0]) == [(None, [512, 1024])]
 
 
+def test_a_type_whose_defaults_follow_the_factor_gets_a_model_per_factor():
+    """STRING alone reaches 1.3x; at 2x and 4x its defaults put a frequency type underneath at a factor of its own,
+    so the 4x cell must not read 2048 tokens with the 2x model (or with none underneath). Dual Chunk Attention's
+    defaults do not depend on the factor: one model serves every length."""
+    runs = compare.method_runs("string", L0, [4.0, 2.0])
+    assert runs == [(2.0, [L0, 2 * L0]), (4.0, [4 * L0])]
+    config = eval_llama_config()
+    underneath = [compare.run_parameters(config, "string", s, L0).get("frequency_factor") for s, _ in runs]
+    assert underneath[0] is not None and underneath[1] > underneath[0]
+    assert compare.method_runs("string", L0, [2.0]) == [(2.0, [L0, 2 * L0])]  # one factor: still its own model
+    assert compare.method_runs("self_extend", 512, [2.0, 4.0]) == [(2.0, [512, 1024]), (4.0, [2048])]
+    assert compare.method_runs("dual_chunk", 512, [2.0, 4.0]) == [(None, [512, 1024, 2048])]
+
+
 @pytest.fixture(scope="module")
 def comparison(tiny_dir, docs_dir):
     plan = EvalPlan(lengths=(2,), documents=2, last_chunk=16, passkey_depths=0)

@@ -82,15 +82,18 @@ def default_parameters(rope_type, pretrain: int, factor: float | None) -> dict:
 
 def method_runs(rope_type, pretrain: int, factors) -> list[tuple[float | None, list[int]]]:
     """(factor, lengths) pairs for one method: s x L0 with factor s (L0 too with the smallest); all lengths once for
-    a type without a factor."""
+    a type that one model serves at every factor (no factor of its own, and defaults that do not depend on it)."""
     factors = sorted(factors)
-    if not takes_factor(rope_type) and "group_size" not in _keys(rope_type):
+    if not takes_factor(rope_type) and not factor_dependent(rope_type, pretrain, factors):
         return [(None, [pretrain, *(int(s * pretrain) for s in factors)])]
     return [(s, ([pretrain] if s == factors[0] else []) + [int(s * pretrain)]) for s in factors]
 
 
-def _keys(rope_type) -> dict:
-    return {} if rope_type in loading.NONE_TYPES else loading.accepted_keys(rope_type)
+def factor_dependent(rope_type, pretrain: int, factors) -> bool:
+    """Whether ``default_parameters`` at any of the factors differ from those without one (Self-Extend's group,
+    STRING's frequency type underneath), so that each factor needs a model of its own."""
+    plain = default_parameters(rope_type, pretrain, None)
+    return any(default_parameters(rope_type, pretrain, s) != plain for s in factors)
 
 
 def evaluate_method(
