@@ -48,3 +48,17 @@ def test_an_adapter_is_evaluated_unmerged_as_its_merged_model(run, docs_dir, tmp
 def test_a_folder_that_is_no_adapter_is_named(run, tmp_path, capsys):
     assert main(["eval", "--adapter", str(run / "base")]) == 2
     assert "is not a peft adapter folder (no adapter_config.json there)" in capsys.readouterr().err
+
+
+def test_an_adapter_shipped_without_a_tokenizer_reads_its_base_tokenizer(run, docs_dir, tmp_path):
+    """The examples ship adapter, config.json and card, no tokenizer (``examples/smollm2-*``): the tokenizer is the
+    base's, the config the adapter's."""
+    import shutil
+
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors", "config.json"):
+        shutil.copy(run / "run" / name, shipped / name)
+    assert (run / "run" / "tokenizer_config.json").is_file()  # the run itself has one: the case differs
+    found = perplexities(["--model", str(run / "base"), "--adapter", str(shipped)], docs_dir, tmp_path / "s.json")
+    assert found == perplexities(["--adapter", str(run / "run")], docs_dir, tmp_path / "a.json")

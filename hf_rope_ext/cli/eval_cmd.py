@@ -88,7 +88,7 @@ def run(args) -> int:
     grid = depths = None
     if args.needle:  # before writing anything, so a failure leaves no partial outputs
         model = load_model(path, records[0]["rope_parameters"], adapter=adapter)
-        tokenizer = load_tokenizer(adapters.config_folder(path, adapter))
+        tokenizer = load_tokenizer(adapters.tokenizer_folder(path, adapter))
         grid, depths = needle_grid(model, tokenizer, lengths, args.needle_depths, args.data)
     print(report.markdown_table(records))
     title = f"needle in a haystack: {records[0]['rope_type']}" + (f" x{args.factor:g}" if args.factor else "")

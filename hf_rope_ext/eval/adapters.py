@@ -36,9 +36,19 @@ def split(model, adapter=None) -> tuple:
     return resolve_model(str(base)), adapter
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
 def config_folder(base, adapter):
-    """Where the config (and tokenizer) are read: the adapter folder when it holds a config.json, else the base."""
+    """Where the config is read: the adapter folder when it holds a config.json, else the base."""
     return check_model_path(adapter) if adapter is not None and (Path(adapter) / "config.json").is_file() else base
+
+
+def tokenizer_folder(base, adapter):
+    """Where the tokenizer is read: the adapter folder when it holds one (``finetune`` saves it there), else the base
+    (an adapter shipped with its config alone, as ``examples/smollm2-*``)."""
+    held = adapter is not None and any((Path(adapter) / name).is_file() for name in TOKENIZER_FILES)
+    return check_model_path(adapter) if held else base
 
 
 def attach(model, adapter):

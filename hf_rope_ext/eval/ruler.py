@@ -106,8 +106,10 @@ def evaluate_path(path, rope_type, factor, extra, tasks, lengths, limit=None, ad
     from . import adapters, loading
     from .runner import label
 
-    folder = adapters.config_folder(path, adapter)
-    params = loading.requested_parameters(loading.load_config(folder), rope_type, factor, extra)
+    params = loading.requested_parameters(
+        loading.load_config(adapters.config_folder(path, adapter)), rope_type, factor, extra
+    )
+    folder = adapters.tokenizer_folder(path, adapter)  # lm-eval's builders size the samples with it too
     tokenizer = loading.load_tokenizer(folder)
     check(tasks, tokenizer, lengths)
     model = loading.load_model(path, params, dtype=getattr(torch, dtype), adapter=adapter)

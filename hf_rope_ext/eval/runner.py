@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .adapters import config_folder
+from .adapters import config_folder, tokenizer_folder
 from .data import load_token_documents, long_enough
 from .last_chunk import last_chunk_losses
 from .loading import load_config, load_model, load_tokenizer, requested_parameters
@@ -78,7 +78,7 @@ def evaluate(
     (``eval.adapters``), and evaluate it; returns the records."""
     config = load_config(config_folder(path, adapter))
     rope_parameters = requested_parameters(config, rope_type, factor, extra)
-    tokenizer = load_tokenizer(config_folder(path, adapter))
+    tokenizer = load_tokenizer(tokenizer_folder(path, adapter))
     documents = load_token_documents(tokenizer, data)
     model = load_model(path, rope_parameters, adapter=adapter)
     records = evaluate_model(model, tokenizer, documents, plan, rope_type, factor, progress)

@@ -84,5 +84,5 @@ class RopeExtLM(HFLM):
             file=sys.stderr,
         )
         self.rope_parameters = params
-        tokenizer = loading.load_tokenizer(folder)
+        tokenizer = loading.load_tokenizer(adapters.tokenizer_folder(path, adapter))
         super().__init__(pretrained=model, tokenizer=tokenizer, max_length=length, device=device, **kwargs)
