@@ -25,7 +25,8 @@ they name. A method that gives every distant token the same position (ReRoPE bey
 the classic question, one key per prompt and one forward per probe, at s x L0 only.
 
 Two jobs side by side on a 2-core machine: give each ``OMP_NUM_THREADS=1`` (two 2-thread jobs wait on each other at
-every operation; a generated token at 8k then took 2.4 s instead of 0.3 s).
+every operation; a generated token at 8k then took 2.4 s instead of 0.18 s;
+``benchmarks/bench_decode_threads.py``).
 """
 
 from __future__ import annotations

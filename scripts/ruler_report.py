@@ -13,7 +13,8 @@ runs a cell again when asked for more samples than it has). ``hf-rope-ext eval -
 --rope-type M --factor s --lengths N --limit K --dtype D`` reproduces one method's cell; the cell's record has it.
 
 Two jobs side by side on this 2-core machine: give each ``OMP_NUM_THREADS=1``. Two 2-thread jobs on two cores wait
-on each other at every operation; a generated token at 8k then took 2.4 s instead of 0.3 s (measured 2026-11-26).
+on each other at every operation; a generated token at 8k then took 2.4 s instead of 0.18 s
+(``benchmarks/bench_decode_threads.py``, 2026-11-26).
 """
 
 from __future__ import annotations
