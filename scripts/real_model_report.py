@@ -17,6 +17,9 @@ base model's sliding-window baseline.
 
 A method may carry an attention temperature: ``dual_chunk+log:4:1key`` runs ``dual_chunk`` with
 ``attention_temperature="log"`` (``+constant``: the constant (0.1 ln s + 1)^2 with s the cell's factor).
+``--rope-param KEY=VALUE`` (repeatable) sets a parameter over the ``extend`` defaults for every cell of the call;
+the cell is stored under its own key and row (``dual_chunk:2[chunk_size=8191,local_size=512] float32``), beside
+the one with the defaults.
 Results go to ``docs/results/real-model/`` by default, committed, so every README figure can be checked there.
 
 Three keys per prompt test two things at once: finding a key far back and telling planted keys apart by the object
@@ -59,9 +62,9 @@ CELLS = [
 SINGLE = [(m, 2, 10) for m in ("rerope", "self_extend", "yarn", "none")] + [(m, 4, 10) for m in ("self_extend", "yarn")]
 # the newer training-free methods, alone and with an attention temperature: the classic probe first (cheapest)
 NEWER = ("dual_chunk", "dual_chunk+log", "string", "string+constant", "self_extend+log")
-SINGLE += [(m, s, 10) for s in (4, 2) for m in NEWER if not (s == 4 and m.startswith("string"))]
+SINGLE += [(m, s, 10) for s in (4, 2) for m in NEWER]
 SINGLE += [("lora", 4, 10)]  # the adapter of --adapter, merged into its base
-CELLS += [(m, s, 7 if s == 2 else 4) for s in (4, 2) for m in NEWER if not (s == 4 and m.startswith("string"))]
+CELLS += [(m, s, 7 if s == 2 else 4) for s in (4, 2) for m in NEWER]
 TEMPERATURES = ("log", "constant")
 ADAPTER = Path(__file__).resolve().parent.parent / "examples" / "smollm2-yarn4-pose-lora"
 FAR_STRIDE = 1024
@@ -109,8 +112,15 @@ def merged(adapter: Path, base: Path) -> Path:
     return target
 
 
-def split_method(method: str, factor: float) -> tuple[str | None, dict, str]:
-    """'type[+temperature]' -> (rope_type or None, extra rope parameters, the row's label)."""
+def split_method(method: str, factor: float, chosen: dict) -> tuple[str | None, dict, str]:
+    """'type[+temperature]' and the --rope-param values -> (rope_type or None, extra rope parameters, the row's
+    label)."""
+    rope_type, extra, name = temperature_of(method, factor)
+    return rope_type, {**extra, **chosen}, name + "".join(f" {k}={v}" for k, v in chosen.items())
+
+
+def temperature_of(method: str, factor: float) -> tuple[str | None, dict, str]:
+    """'type[+temperature]' -> (rope_type or None, the temperature's rope parameters, the row's label)."""
     name, _, temperature = method.partition("+")
     rope_type = None if name in ("none", "lora") else name
     if not temperature:
@@ -133,11 +143,11 @@ def row_name(name: str, dtype: str) -> str:
     return name if dtype == "bfloat16" else f"{name} (float32)"
 
 
-def run_single_key_cell(folder, config, tokenizer, cell, adapter: Path, dtype: str) -> list[dict]:
+def run_single_key_cell(folder, config, tokenizer, cell, adapter: Path, dtype: str, chosen: dict) -> list[dict]:
     """Pass keys by generation with one key per prompt, at factor x L0 tokens only (no perplexity, no 8k run); the
     ``lora`` cell reads the adapter merged into its base, with the rope parameters it was trained with."""
     method, factor, prompts = cell
-    rope_type, extra, name = split_method(method, factor)
+    rope_type, extra, name = split_method(method, factor, chosen)
     params = compare.run_parameters(config, rope_type, float(factor), 8192, extra)
     start = time.perf_counter()
     if method == "lora":
@@ -147,15 +157,15 @@ def run_single_key_cell(folder, config, tokenizer, cell, adapter: Path, dtype: s
     record = {"rope_type": row_name(name, dtype), "length": factor * 8192, "rope_parameters": params, **found}
     extra = {"cell_seconds": round(time.perf_counter() - start), "keys_per_prompt": 1, "cell_factor": factor}
     extra |= {"dtype": dtype, "adapter": adapter.name} if method == "lora" else {"dtype": dtype}
-    command = SINGLE_COMMAND.format(method=method, factor=factor, prompts=prompts, dtype=dtype)
+    command = SINGLE_COMMAND.format(method=method, factor=factor, prompts=prompts, dtype=dtype) + flags(chosen)
     command += f" --adapter {shown(adapter)}" if method == "lora" else ""
     return [{**record, **extra, "command": command}]
 
 
-def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Path, dtype: str) -> list[dict]:
+def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Path, dtype: str, chosen: dict):
     method, factor, prompts = cell
     far = baseline(folder, config, documents, factor, done, dtype)
-    rope_type, extra, name = split_method(method, factor)
+    rope_type, extra, name = split_method(method, factor, chosen)
     model = merged(adapter, folder) if method == "lora" else folder
     start = time.perf_counter()
     args = (documents, rope_type, [float(factor)], plan(prompts), True, extra or None, far, dtype)
@@ -168,11 +178,16 @@ def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Pa
         "cell_seconds": round(time.perf_counter() - start),
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "command": COMMAND.format(model="<smollm2>", method=rope_type, factor=factor, prompts=prompts, dtype=dtype)
-        + "".join(f" --rope-param {k}={v}" for k, v in extra.items())
+        + flags(extra)
         if method != "lora"
         else f"python scripts/real_model_report.py --cells lora:4 --adapter {shown(adapter)} --dtype {dtype}",
     }
     return [{**r, "cell_factor": factor, **extra} for r in records]
+
+
+def flags(chosen: dict) -> str:
+    """The parameters as the command line gives them: " --rope-param KEY=VALUE" each (VALUE as JSON)."""
+    return "".join(f" --rope-param {k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in chosen.items())
 
 
 def table(done: dict) -> str:
@@ -227,11 +242,13 @@ def cells_of(records: list[dict]) -> list[str]:
     )
 
 
-def stored_key(key: str, adapter: Path, dtype: str) -> str:
+def stored_key(key: str, adapter: Path, dtype: str, chosen: dict) -> str:
     """The cell's key in results.json: a ``lora`` cell names its adapter ("lora@NAME:4:1key") unless it is the
-    default one, and a float32 cell says so ("yarn:4:1key float32"), so such cells sit beside the others."""
+    default one, parameters of --rope-param follow in brackets ("dual_chunk:2[chunk_size=8191]") and a float32 cell
+    says so ("yarn:4:1key float32"), so such cells sit beside the others."""
     if key.startswith("lora:") and adapter.resolve() != ADAPTER.resolve():
         key = key.replace("lora:", f"lora@{adapter.name}:", 1)
+    key += "[" + ",".join(f"{k}={v}" for k, v in chosen.items()) + "]" if chosen else ""
     return key if dtype == "bfloat16" else f"{key} {dtype}"
 
 
@@ -242,7 +259,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / RESULTS)
     parser.add_argument("--adapter", type=Path, default=ADAPTER, help="the adapter of the lora cell")
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="the models' dtype (default: bfloat16)")
+    parser.add_argument("--rope-param", action="append", default=[], help="KEY=VALUE (JSON) over the defaults")
     args = parser.parse_args()
+    chosen = loading.parse_rope_params(args.rope_param)
     folder = Path(args.model) if args.model else smollm2.ensure()
     config, tokenizer = loading.load_config(folder), loading.load_tokenizer(folder)
     documents = long_enough(load_token_documents(tokenizer, "python-docs"), 4 * 8192, 1)
@@ -256,12 +275,12 @@ def main() -> None:
     done = json.loads(results.read_text()) if results.is_file() else {}
     for wanted_key in wanted:
         cell = named[wanted_key]
-        key = stored_key(wanted_key, args.adapter, args.dtype)
+        key = stored_key(wanted_key, args.adapter, args.dtype, chosen)
         if key not in done:
             done[key] = (
-                run_single_key_cell(folder, config, tokenizer, cell, args.adapter, args.dtype)
+                run_single_key_cell(folder, config, tokenizer, cell, args.adapter, args.dtype, chosen)
                 if wanted_key.endswith(":1key")
-                else run_cell(folder, config, tokenizer, documents, cell, done, args.adapter, args.dtype)
+                else run_cell(folder, config, tokenizer, documents, cell, done, args.adapter, args.dtype, chosen)
             )
             results.write_text(json.dumps(done, indent=1) + "\n")
             print(f"{key}: {done[key][-1]['cell_seconds']} s", flush=True)

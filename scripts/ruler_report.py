@@ -5,12 +5,13 @@ of README's real-model table, cell by cell, resumable:
     .venv/bin/python scripts/ruler_report.py --cells yarn:2:16384 none:1:8192 --tasks niah_single_1 --limit 10
 
 A cell is ``method:factor:length``: the method with ``factor`` (and the parameters ``hf-rope-ext extend`` gives it at
-that factor, ``compare.run_parameters``) read at ``length`` tokens; ``lora:4:N`` is the adapter of ``--adapter``
-(default ``examples/smollm2-yarn4-pose-lora``; its config: yarn x4) on its base, unmerged. Each cell runs the tasks
-through ``hf_rope_ext.eval.ruler`` (lm-eval's builders, HFLM, scoring; the first ``--limit`` of the 500 samples
-lm-eval builds for that length) and is written to ``--out``/results.json at once (a rerun skips the cells there, and
-runs a cell again when asked for more samples than it has). ``hf-rope-ext eval --model <smollm2> --ruler TASKS
---rope-type M --factor s --lengths N --limit K --dtype D`` reproduces one method's cell; the cell's record has it.
+that factor, ``compare.run_parameters``, with ``--rope-param KEY=VALUE`` over them) read at ``length`` tokens;
+``lora:4:N`` is the adapter of ``--adapter`` (default ``examples/smollm2-yarn4-pose-lora``; its config: yarn x4) on its
+base, unmerged. Each cell runs the tasks through ``hf_rope_ext.eval.ruler`` (lm-eval's builders, HFLM, scoring; the
+first ``--limit`` of the 500 samples lm-eval builds for that length) and is written to ``--out``/results.json at once (a
+rerun skips the cells there, and runs a cell again when asked for more samples than it has). ``hf-rope-ext eval --model
+<smollm2> --ruler TASKS --rope-type M --factor s --lengths N --limit K --dtype D`` reproduces one method's cell; the
+cell's record has it.
 
 Two jobs side by side on this 2-core machine: give each ``OMP_NUM_THREADS=1``. Two 2-thread jobs on two cores wait
 on each other at every operation; a generated token at 8k then took 2.4 s instead of 0.18 s
@@ -58,13 +59,14 @@ def run_cell(folder, cell: str, tasks, limit: int, args) -> list[dict]:
     config = loading.load_config(folder)
     pretrain = loading.pretraining_length(config)
     rope_type = None if method == "none" else method
-    params = compare.run_parameters(config, rope_type, factor if rope_type else None, pretrain)
+    params = compare.run_parameters(config, rope_type, factor if rope_type else None, pretrain, args.chosen or None)
     import torch
 
     model = loading.load_model(folder, params, dtype=getattr(torch, args.dtype))
     tokenizer = loading.load_tokenizer(folder)
     ruler.check(tasks, tokenizer, [length])
-    tag = {"rope_type": label(rope_type), "factor": factor if rope_type else None}
+    named = label(rope_type) + "".join(f" {k}={v}" for k, v in args.chosen.items())
+    tag = {"rope_type": named, "factor": factor if rope_type else None}
     found = ruler.evaluate_ruler(model, tokenizer, folder, tasks, [length], limit, label=tag, **options)
     return [{**r, "rope_parameters": params} for r in found]
 
@@ -87,11 +89,13 @@ def command(cell: str, args, params: dict | None) -> str:
 
 
 def cell_key(cell: str, args) -> str:
-    """A cell's key in results.json: the cell and its tasks, then whatever differs from the first runs (bf16, each
-    task's own generation length, the PoSE adapter), so that differently made cells sit side by side."""
+    """A cell's key in results.json: the cell and its tasks, then whatever differs from the first runs (parameters
+    of --rope-param in brackets, bf16, each task's own generation length, the PoSE adapter), so that differently made
+    cells sit side by side."""
     key = f"{cell}:{args.tasks}"
     if cell.startswith("lora:") and args.adapter.resolve() != ADAPTER.resolve():
         key = key.replace("lora:", f"lora@{args.adapter.name}:", 1)
+    key += "[" + ",".join(f"{k}={v}" for k, v in args.chosen.items()) + "]" if args.chosen else ""
     key += "" if args.dtype == "bfloat16" else f" {args.dtype}"
     return key + (f" gen{args.max_gen_toks}" if args.max_gen_toks else "")
 
@@ -105,7 +109,9 @@ def main() -> None:
     parser.add_argument("--max-gen-toks", type=int, help="tokens generated per answer (default: each task's own)")
     parser.add_argument("--adapter", type=Path, default=ADAPTER, help="the adapter of the lora cells")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--rope-param", action="append", default=[], help="KEY=VALUE (JSON) over the defaults")
     args = parser.parse_args()
+    args.chosen = loading.parse_rope_params(args.rope_param)
     tasks = args.tasks.split(",")
     folder = smollm2.ensure()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,21 @@ def test_no_distance_exceeds_the_chunk_size_and_a_chunk_keeps_its_order():
     assert paper_positions(40, 7, 4)[39, 0] == 5  # c = 3: inter at 2c - 1 = 5 < chunk_size
 
 
+@pytest.mark.parametrize("local", [0, 8, 31])
+def test_a_chunk_size_just_below_l0_reads_l0_tokens_as_the_model_saved(local):
+    """chunk_size = L0 - 1 and local_size < L0/2 (two chunks hold L0 tokens): the successive query
+    min(m mod c + c, chunk_size) is m itself for every m <= chunk_size, so up to L0 tokens keep every exact distance
+    (the model as saved) and L0 + 1 tokens do not."""
+    plain = tiny_model(seed=5, attn_implementation="sdpa")  # L0 = max_position_embeddings = 64
+    rope = {"rope_type": "dual_chunk", "chunk_size": 63, "local_size": local}
+    chunked = tiny_model(rope_parameters=rope, seed=5, attn_implementation="sdpa")
+    ids = torch.randint(3, 97, (1, 65), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        saved, read = plain(ids).logits, chunked(ids).logits
+    torch.testing.assert_close(read[:, :64], saved[:, :64], rtol=0, atol=1e-5)
+    assert (read[:, 64] - saved[:, 64]).abs().max() > 1e-4  # the 65th query: chunk 0's keys one position nearer
+
+
 def test_a_qwen_config_declaring_dual_chunk_gives_the_logits_of_the_same_values_passed_explicitly(tmp_path):
     """A Qwen2.5-1M style config.json carries ``dual_chunk_attention_config``: ``rope_parameters_for(path,
     "dual_chunk")`` takes its values (loading without asking for the type stays as transformers has it)."""

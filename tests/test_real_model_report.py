@@ -1,0 +1,43 @@
+"""scripts/real_model_report.py: a cell run with ``--rope-param`` is stored beside the one with the defaults, its row
+says which values it ran with, and its command gives them back."""
+
+import importlib.util
+import shlex
+from pathlib import Path
+
+import pytest
+
+from hf_rope_ext.eval import compare, loading
+
+ROOT = Path(__file__).resolve().parents[1]
+CHOSEN = {"window": 8192, "local_window": 128, "frequencies": "plain", "frequency_factor": None}
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("real_model_report", ROOT / "scripts" / "real_model_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_cell_with_parameters_has_a_key_of_its_own(script):
+    adapter = script.ADAPTER
+    assert script.stored_key("string:2", adapter, "float32", {}) == "string:2 float32"
+    key = script.stored_key("string:2:1key", adapter, "float32", CHOSEN)
+    assert key == "string:2:1key[window=8192,local_window=128,frequencies=plain,frequency_factor=None] float32"
+
+
+def test_the_parameters_go_over_the_defaults_and_into_the_row(script):
+    rope_type, extra, name = script.split_method("string+constant", 2, CHOSEN)
+    assert rope_type == "string" and extra == {"attention_temperature": "constant", "temperature_factor": 2.0, **CHOSEN}
+    assert name.endswith(" window=8192 local_window=128 frequencies=plain frequency_factor=None")
+    config = loading.load_config(ROOT / "examples" / "smollm2-yarn4-pose-lora")
+    params = compare.run_parameters(config, rope_type, 2.0, 8192, extra)
+    assert params["window"] == 8192 and params["frequencies"] == "plain" and "frequency_factor" not in params
+    assert compare.run_parameters(config, rope_type, 2.0, 8192, {})["frequencies"] == "ntk_by_parts"
+
+
+def test_the_command_gives_the_parameters_back(script):
+    words = shlex.split(script.flags(CHOSEN))
+    assert loading.parse_rope_params(words[1::2]) == CHOSEN
