@@ -157,7 +157,8 @@ def run_single_key_cell(folder, config, tokenizer, cell, adapter: Path, dtype: s
     record = {"rope_type": row_name(name, dtype), "length": factor * 8192, "rope_parameters": params, **found}
     extra = {"cell_seconds": round(time.perf_counter() - start), "keys_per_prompt": 1, "cell_factor": factor}
     extra |= {"dtype": dtype, "adapter": adapter.name} if method == "lora" else {"dtype": dtype}
-    command = SINGLE_COMMAND.format(method=method, factor=factor, prompts=prompts, dtype=dtype) + flags(chosen)
+    command = SINGLE_COMMAND.format(method=method, factor=factor, prompts=prompts, dtype=dtype)
+    command += loading.rope_param_flags(chosen)
     command += f" --adapter {shown(adapter)}" if method == "lora" else ""
     return [{**record, **extra, "command": command}]
 
@@ -178,16 +179,11 @@ def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Pa
         "cell_seconds": round(time.perf_counter() - start),
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "command": COMMAND.format(model="<smollm2>", method=rope_type, factor=factor, prompts=prompts, dtype=dtype)
-        + flags(extra)
+        + loading.rope_param_flags(extra)
         if method != "lora"
         else f"python scripts/real_model_report.py --cells lora:4 --adapter {shown(adapter)} --dtype {dtype}",
     }
     return [{**r, "cell_factor": factor, **extra} for r in records]
-
-
-def flags(chosen: dict) -> str:
-    """The parameters as the command line gives them: " --rope-param KEY=VALUE" each (VALUE as JSON)."""
-    return "".join(f" --rope-param {k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in chosen.items())
 
 
 def table(done: dict) -> str:

@@ -83,7 +83,7 @@ def command(cell: str, args, params: dict | None) -> str:
         line += f" --rope-type {params['rope_type']}" + (
             f" --factor {params['factor']:g}" if "factor" in params else ""
         )
-        line += "".join(f" --rope-param {k}={v}" for k, v in params.items() if k not in SAVED_KEYS)
+        line += loading.rope_param_flags({k: v for k, v in params.items() if k not in SAVED_KEYS})
     line += f" --lengths {length} --limit {args.limit} --dtype {args.dtype}"
     return line + (f" --max-gen-toks {args.max_gen_toks}" if args.max_gen_toks else "")
 

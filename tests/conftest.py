@@ -5,6 +5,9 @@ them need lives here or in a helper module named for what it computes (``pair_re
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 from huggingface_hub.errors import StrictDataclassError
@@ -247,3 +250,12 @@ def docs_dir(tmp_path_factory):
     for n, size in enumerate((40, 150, 260, 400)):
         (folder / f"doc{n}.txt").write_text("".join(words[n:])[:size])
     return folder
+
+
+def load_script(name: str):
+    """The module of ``scripts/<name>.py`` (scripts are not a package), loaded afresh."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

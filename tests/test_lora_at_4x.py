@@ -1,23 +1,18 @@
 """scripts/lora_at_4x.py: every (type, schedule) run fine-tunes into its own folder and the report holds each run's
 before and after measures, read from the runs' own results."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from conftest import save_byte_llama
+from conftest import load_script, save_byte_llama
 
-ROOT = Path(__file__).resolve().parents[1]
 L0 = 32
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("lora_at_4x", ROOT / "scripts" / "lora_at_4x.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("lora_at_4x")
 
 
 def test_runs_every_pair_and_reports_before_and_after(script, tmp_path, capsys):

@@ -1,11 +1,11 @@
 """scripts/real_model_report.py: a cell run with ``--rope-param`` is stored beside the one with the defaults, its row
 says which values it ran with, and its command gives them back."""
 
-import importlib.util
 import shlex
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 from hf_rope_ext.eval import compare, loading
 
@@ -15,10 +15,7 @@ CHOSEN = {"window": 8192, "local_window": 128, "frequencies": "plain", "frequenc
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("real_model_report", ROOT / "scripts" / "real_model_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("real_model_report")
 
 
 def test_a_cell_with_parameters_has_a_key_of_its_own(script):
@@ -38,6 +35,6 @@ def test_the_parameters_go_over_the_defaults_and_into_the_row(script):
     assert compare.run_parameters(config, rope_type, 2.0, 8192, {})["frequencies"] == "ntk_by_parts"
 
 
-def test_the_command_gives_the_parameters_back(script):
-    words = shlex.split(script.flags(CHOSEN))
+def test_the_command_gives_the_parameters_back():
+    words = shlex.split(loading.rope_param_flags(CHOSEN))
     assert loading.parse_rope_params(words[1::2]) == CHOSEN

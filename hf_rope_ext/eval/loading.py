@@ -55,6 +55,11 @@ def parse_rope_params(items: list[str] | None) -> dict:
     return params
 
 
+def rope_param_flags(params: dict) -> str:
+    """The inverse of ``parse_rope_params``: " --rope-param KEY=VALUE" for each item, VALUE as JSON (a string bare)."""
+    return "".join(f" --rope-param {k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in params.items())
+
+
 def _parse_value(text: str):
     lowered = text.lower()
     if lowered in ("true", "false"):
