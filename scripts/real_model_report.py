@@ -132,6 +132,14 @@ def temperature_of(method: str, factor: float) -> tuple[str | None, dict, str]:
     return rope_type, extra, f"{label(rope_type)} + {temperature} temperature"
 
 
+def adapter_label(adapter: Path) -> str:
+    """A lora cell's row: the rope type its adapter was trained under (its config.json beside it) and its name,
+    e.g. "yarn x4 + LoRA smollm2-yarn4-retrieval-lora"."""
+    params = json.loads((adapter / "config.json").read_text())["rope_parameters"]
+    factor = f" x{params['factor']:g}" if "factor" in params else ""
+    return f"{params['rope_type']}{factor} + LoRA {adapter.name}"
+
+
 def shown(adapter: Path) -> str:
     """The adapter as a cell's command names it: relative to the repository when inside it (examples/...)."""
     root = ADAPTER.parents[1]
@@ -151,7 +159,7 @@ def run_single_key_cell(folder, config, tokenizer, cell, adapter: Path, dtype: s
     params = compare.run_parameters(config, rope_type, float(factor), 8192, extra)
     start = time.perf_counter()
     if method == "lora":
-        folder, name = merged(adapter, folder), f"LoRA {adapter.name}"
+        folder, name = merged(adapter, folder), adapter_label(adapter)
     model = loading.load_model(folder, params, dtype=getattr(torch, dtype))
     found = multikey_accuracy(model, tokenizer, factor * 8192, prompts, keys=1)
     record = {"rope_type": row_name(name, dtype), "length": factor * 8192, "rope_parameters": params, **found}
@@ -172,7 +180,7 @@ def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Pa
     args = (documents, rope_type, [float(factor)], plan(prompts), True, extra or None, far, dtype)
     records = compare.evaluate_method(model, config, tokenizer, *args)
     if method == "lora" or extra:
-        records = [{**r, "rope_type": f"yarn x4 + LoRA {adapter.name}" if method == "lora" else name} for r in records]
+        records = [{**r, "rope_type": adapter_label(adapter) if method == "lora" else name} for r in records]
     records = [{**r, "rope_type": row_name(r["rope_type"], dtype)} for r in records]
     extra = {
         "dtype": dtype,

@@ -1,6 +1,7 @@
 """scripts/real_model_report.py: a cell run with ``--rope-param`` is stored beside the one with the defaults, its row
 says which values it ran with, and its command gives them back."""
 
+import json
 import shlex
 from pathlib import Path
 
@@ -38,3 +39,12 @@ def test_the_parameters_go_over_the_defaults_and_into_the_row(script):
 def test_the_command_gives_the_parameters_back():
     words = shlex.split(loading.rope_param_flags(CHOSEN))
     assert loading.parse_rope_params(words[1::2]) == CHOSEN
+
+
+def test_a_lora_row_names_the_rope_type_its_adapter_was_trained_under(script, tmp_path):
+    assert script.adapter_label(script.ADAPTER) == "yarn x4 + LoRA smollm2-yarn4-pose-lora"
+    adapter = tmp_path / "smollm2-dual-chunk-retrieval-lora"
+    adapter.mkdir()
+    params = {"rope_type": "dual_chunk", "chunk_size": 6144, "local_size": 512}
+    (adapter / "config.json").write_text(json.dumps({"rope_parameters": params}))
+    assert script.adapter_label(adapter) == "dual_chunk + LoRA smollm2-dual-chunk-retrieval-lora"
