@@ -72,8 +72,11 @@ def packed():
     return mask, torch.cat((torch.arange(17), torch.arange(LENGTH - 17)))[None].expand(2, -1)
 
 
+# PoSE's position ids: three runs with jumps, the second past a chunk of 8 (DCA's gap-1 band empty for the third)
+SKIP_WISE = torch.cat((torch.arange(3, 20), torch.arange(29, 40), torch.arange(57, 69)))[None]
 CASES = {  # name -> (rope overrides, mask, position_ids) for a prefill of LENGTH tokens
     "shifted": ({}, None, torch.arange(7, 7 + LENGTH)[None]),
+    "skip-wise": ({}, None, SKIP_WISE),
     "window>=length": ({"window": 64}, None, torch.arange(LENGTH)[None]),
     "window-1": ({"window": 1}, None, torch.arange(LENGTH)[None]),
     "partial-rotary": ({"partial_rotary_factor": 0.5}, None, torch.arange(LENGTH)[None]),
@@ -93,6 +96,25 @@ def test_fast_path_equals_eager(name, case):
     fast_out, reference = both(module_of(name, **rope), *tensors(), mask, pos)
     valid = torch.ones(2, LENGTH, dtype=torch.bool) if case != "left-padding" else mask[:, 0].any(-1)
     torch.testing.assert_close(fast_out[valid], reference[valid], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_dual_chunk_on_skip_wise_positions_runs_the_chunked_plan(grad, monkeypatch):
+    """PoSE's skip-wise positions (no mask) take the fast chunked plan, forward and backward, not the reference
+    engine; a position that goes back (a packed restart without its mask) still takes the reference engine."""
+    module = module_of("dual_chunk")
+    q, k, v = (t.requires_grad_(grad) for t in tensors())
+    expected = function.attend("eager", module, q, k, v, None, position_ids=SKIP_WISE)[0]
+    monkeypatch.setattr(reference, "run", lambda *args: pytest.fail("the reference engine ran"))
+    out = function.attend("sdpa", module, q, k, v, None, position_ids=SKIP_WISE)[0]
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+    if grad:
+        fast_grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+        eager_grads = torch.autograd.grad(expected.square().sum(), (q, k, v))
+        for fast_grad, eager_grad in zip(fast_grads, eager_grads, strict=True):
+            torch.testing.assert_close(fast_grad, eager_grad, rtol=0, atol=1e-4)
+    with pytest.raises(pytest.fail.Exception, match="the reference engine ran"):
+        function.attend("sdpa", module, q, k, v, None, position_ids=SKIP_WISE.flip(-1))
 
 
 @pytest.mark.parametrize("q_len", [1, 3])

@@ -4,9 +4,10 @@ it, with no dense [q, kv] score or mask, on every device with a kernel in ``kern
 Which plan runs: one-band forms (xPos, RoPER, plain RoPE of the dynamic types) ``single_band``; two-band forms
 (near band ``"window"`` at true positions, far band ``"beyond"``) ``decode.two_band_decode`` for one query after
 a long cache, ``two_band.two_band_regular`` for regular positions without a mask, ``masked.two_band_masked``
-otherwise; chunked forms (Dual Chunk Attention) ``chunk_bands.chunked`` on regular positions without a mask, the
-same in every row. Not taken (``run`` returns None, the reference engine runs): dropout while training, a device
-without a kernel, a declaration none of these plans covers, a chunked form with a mask or irregular positions.
+otherwise; chunked forms (Dual Chunk Attention) ``chunk_bands.chunked`` without a mask on increasing positions
+(consecutive, or skip-wise as PoSE trains), the same in every row. Not taken (``run`` returns None, the reference
+engine runs): dropout while training, a device without a kernel, a declaration none of these plans covers, a
+chunked form with a mask or positions that do not increase.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from ..methods.form import AttentionForm, Band
 from .call import Call
-from .chunk_bands import chunked, same_rows
+from .chunk_bands import chunked, increasing, same_rows
 from .decode import decoding, two_band_decode
 from .kernels import kernel_for
 from .masked import two_band_masked
@@ -57,7 +58,7 @@ def run(call: Call, module, mask, causal: bool, scale: float, dropout: float, tr
     if kind == "single":
         return single_band(call, mask, causal, scale)
     if kind == "chunks":
-        plain = mask is None and causal and regular(call, mask) and same_rows(call)
+        plain = mask is None and causal and same_rows(call) and increasing(call)
         return chunked(call, scale) if plain else None
     if mask is None and causal and regular(call, mask):
         return two_band_decode(call, scale) if decoding(call) else two_band_regular(call, scale)
