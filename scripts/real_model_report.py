@@ -35,8 +35,11 @@ every operation; a generated token at 8k then took 2.4 s instead of 0.18 s;
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import resource
+import shutil
 import time
 from pathlib import Path
 
@@ -100,15 +103,22 @@ def baseline(folder, config, documents, factor: int, done: dict, dtype: str) -> 
 
 def merged(adapter: Path, base: Path) -> Path:
     """The adapter merged into its base (its config's rope parameters kept), saved once in the package's cache (not
-    beside the committed results)."""
+    beside the committed results), under its name and the hash of its weights (an adapter retrained under the same
+    name is merged anew)."""
     from hf_rope_ext.store.from_gguf import cache_root
     from hf_rope_ext.train.prepare import load_adapter
 
-    target = cache_root() / "merged" / adapter.name
-    if not (target / "config.json").is_file():
-        model = load_adapter(str(adapter), base=str(base)).merge_and_unload()
-        model.save_pretrained(target)
-        loading.load_tokenizer(base).save_pretrained(target)
+    weights = hashlib.sha256((adapter / "adapter_model.safetensors").read_bytes()).hexdigest()[:12]
+    target = cache_root() / "merged" / f"{adapter.name}-{weights}"
+    if not (target / "config.json").is_file():  # written aside, then renamed: two jobs never read a half
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        load_adapter(str(adapter), base=str(base)).merge_and_unload().save_pretrained(partial)
+        loading.load_tokenizer(base).save_pretrained(partial)
+        if (target / "config.json").is_file():  # another job got there first
+            shutil.rmtree(partial)
+        else:
+            shutil.rmtree(target, ignore_errors=True)  # a broken earlier write
+            partial.rename(target)
     return target
 
 

@@ -6,6 +6,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import load_script
 
 from hf_rope_ext.eval import compare, loading
@@ -48,3 +49,31 @@ def test_a_lora_row_names_the_rope_type_its_adapter_was_trained_under(script, tm
     params = {"rope_type": "dual_chunk", "chunk_size": 6144, "local_size": 512}
     (adapter / "config.json").write_text(json.dumps({"rope_parameters": params}))
     assert script.adapter_label(adapter) == "dual_chunk + LoRA smollm2-dual-chunk-retrieval-lora"
+
+
+def test_a_lora_cell_merges_once_per_adapter_weights(script, tmp_path, monkeypatch):
+    """The merged model is the adapter on its base (same logits), reused while the weights stay, merged anew (its
+    own folder) when the adapter is retrained under the same name, and no half-written folder is left behind."""
+    from conftest import save_byte_llama
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from hf_rope_ext.store import from_gguf
+
+    monkeypatch.setattr(from_gguf, "cache_root", lambda: tmp_path / "cache")
+    base = save_byte_llama(tmp_path / "base", 64)
+    adapter = tmp_path / "adapter"
+    lora = LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    peft = get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora)
+    peft.save_pretrained(adapter)
+    peft.base_model.model.config.save_pretrained(adapter)
+    first = script.merged(adapter, base)
+    ids = torch.tensor([[5, 9, 14, 3, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(AutoModelForCausalLM.from_pretrained(first)(ids).logits, peft(ids).logits)
+    assert script.merged(adapter, base) == first
+    torch.manual_seed(1)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora).save_pretrained(adapter)
+    second = script.merged(adapter, base)
+    assert second != first and second.name.startswith("adapter-")
+    assert sorted(p.name for p in first.parent.iterdir()) == sorted([first.name, second.name])
