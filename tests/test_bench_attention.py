@@ -46,3 +46,14 @@ def test_engine_check_reports_every_type_and_case_and_fails_loudly_past_its_boun
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_report.py"), str(tmp_path)], check=True, env=env)
     table = (tmp_path / "gpu.md").read_text()
     assert "| rerope | float32 | " in table and table.count(" FAIL") == len(failed)
+
+
+def test_training_benchmark_has_a_row_per_training_free_attention_type():
+    """benchmarks/bench_train_attention.py: forward and backward on PoSE positions, both engines, every type."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_train_attention.py"), "--lengths", "48"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([*command, "--repeats", "1"], capture_output=True, text=True, env=env, timeout=300, check=True)
+    rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if line.startswith("| ") and "type" not in line]
+    names = [row[0].strip() for row in rows]
+    assert names == ["dual_chunk", "leaky_rerope", "rerope", "self_extend", "string"]
+    assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in rows)
