@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from hf_rope_ext.eval import compare, loading
+from hf_rope_ext.eval.adapters import adapter_label
 from hf_rope_ext.eval.data import load_token_documents, long_enough
 from hf_rope_ext.eval.multikey import multikey_accuracy
 from hf_rope_ext.eval.runner import EvalPlan, label
@@ -140,14 +141,6 @@ def temperature_of(method: str, factor: float) -> tuple[str | None, dict, str]:
     extra = {"attention_temperature": temperature}
     extra |= {"temperature_factor": float(factor)} if temperature == "constant" else {}
     return rope_type, extra, f"{label(rope_type)} + {temperature} temperature"
-
-
-def adapter_label(adapter: Path) -> str:
-    """A lora cell's row: the rope type its adapter was trained under (its config.json beside it) and its name,
-    e.g. "yarn x4 + LoRA smollm2-yarn4-retrieval-lora"."""
-    params = json.loads((adapter / "config.json").read_text())["rope_parameters"]
-    factor = f" x{params['factor']:g}" if "factor" in params else ""
-    return f"{params['rope_type']}{factor} + LoRA {adapter.name}"
 
 
 def shown(adapter: Path) -> str:

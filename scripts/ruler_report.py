@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from hf_rope_ext.eval import compare, loading, ruler, ruler_report
+from hf_rope_ext.eval.adapters import adapter_label
 from hf_rope_ext.eval.runner import label
 from hf_rope_ext.store import smollm2
 
@@ -55,7 +56,7 @@ def run_cell(folder, cell: str, tasks, limit: int, args) -> list[dict]:
     options = {"max_gen_toks": args.max_gen_toks}
     if method == "lora":
         found = ruler.evaluate_path(folder, None, None, {}, tasks, [length], limit, args.adapter, args.dtype, **options)
-        return [{**r, "rope_type": f"yarn x4 + LoRA {args.adapter.name}", "factor": 4.0} for r in found]
+        return [{**r, "rope_type": adapter_label(args.adapter), "factor": 4.0} for r in found]
     config = loading.load_config(folder)
     pretrain = loading.pretraining_length(config)
     rope_type = None if method == "none" else method

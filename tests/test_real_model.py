@@ -130,13 +130,21 @@ def test_a_yarn_gguf_for_llama_cpp_loads_back_with_its_rope(real_model_dir, tmp_
     assert torch.equal(logits(load_model(out)), logits(load_model(real_model_dir, params)))
 
 
-@pytest.mark.parametrize("name", ["smollm2-yarn4-pose-lora", "smollm2-yarn4-retrieval-lora"])
+SHIPPED = {  # examples/<name>: the rope type and parameters each adapter was trained under
+    "smollm2-yarn4-pose-lora": ("yarn", {"factor": 4.0}),
+    "smollm2-yarn4-retrieval-lora": ("yarn", {"factor": 4.0}),
+    "smollm2-dual-chunk-retrieval-lora": ("dual_chunk", {"chunk_size": 6144, "local_size": 512}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_a_shipped_adapter_loads_on_the_real_model_and_changes_its_output(real_model_dir, name):
-    """examples/smollm2-yarn4-*-lora (yarn x4, PoSE LoRA): loaded on the converted SmolLM2 with its extended
-    config, the base gets yarn x4 and the adapter moves the logits; merged, it gives the same logits."""
+    """examples/smollm2-*-lora (PoSE LoRAs at 4x): loaded on the converted SmolLM2 with its extended config, the
+    base gets the rope it was trained under and the adapter moves the logits; merged, it gives the same logits."""
     adapter = ROOT / "examples" / name
     model = load_adapter(str(adapter), base=str(real_model_dir), dtype=torch.float32).eval()
-    params = hf_rope_ext.rope_parameters_for(real_model_dir, "yarn", factor=4.0)
+    rope_type, values = SHIPPED[name]
+    params = hf_rope_ext.rope_parameters_for(real_model_dir, rope_type, **values)
     assert model.config.rope_parameters == params
     tuned, plain = logits(model), logits(load(real_model_dir, rope_parameters=params))
     assert torch.isfinite(tuned).all() and (tuned - plain).abs().max() > 0.1

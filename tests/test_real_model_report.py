@@ -10,6 +10,7 @@ import torch
 from conftest import load_script
 
 from hf_rope_ext.eval import compare, loading
+from hf_rope_ext.eval.adapters import adapter_label
 
 ROOT = Path(__file__).resolve().parents[1]
 CHOSEN = {"window": 8192, "local_window": 128, "frequencies": "plain", "frequency_factor": None}
@@ -43,12 +44,12 @@ def test_the_command_gives_the_parameters_back():
 
 
 def test_a_lora_row_names_the_rope_type_its_adapter_was_trained_under(script, tmp_path):
-    assert script.adapter_label(script.ADAPTER) == "yarn x4 + LoRA smollm2-yarn4-pose-lora"
+    assert adapter_label(script.ADAPTER) == "yarn x4 + LoRA smollm2-yarn4-pose-lora"
     adapter = tmp_path / "smollm2-dual-chunk-retrieval-lora"
     adapter.mkdir()
     params = {"rope_type": "dual_chunk", "chunk_size": 6144, "local_size": 512}
     (adapter / "config.json").write_text(json.dumps({"rope_parameters": params}))
-    assert script.adapter_label(adapter) == "dual_chunk + LoRA smollm2-dual-chunk-retrieval-lora"
+    assert adapter_label(adapter) == "dual_chunk + LoRA smollm2-dual-chunk-retrieval-lora"
 
 
 def test_a_lora_cell_merges_once_per_adapter_weights(script, tmp_path, monkeypatch):

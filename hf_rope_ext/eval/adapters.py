@@ -57,3 +57,11 @@ def attach(model, adapter):
 
     with peft_wrapping():
         return PeftModel.from_pretrained(model, str(adapter))
+
+
+def adapter_label(adapter) -> str:
+    """A row naming an adapter and the rope type it was trained under (its folder's config.json), e.g.
+    "yarn x4 + LoRA smollm2-yarn4-retrieval-lora" or "dual_chunk + LoRA smollm2-dual-chunk-retrieval-lora"."""
+    params = read_json(Path(adapter) / "config.json")["rope_parameters"]
+    factor = f" x{params['factor']:g}" if "factor" in params else ""
+    return f"{params['rope_type']}{factor} + LoRA {Path(adapter).name}"
