@@ -77,7 +77,7 @@ COMMAND = (
     "hf-rope-ext extend --model {model} --methods {method} --factors {factor} --documents 1 --last-chunk 0 "
     "--passkey-depths 0 --passkey-prompts {prompts} --far-stride 1024 --data python-docs --dtype {dtype}"
 )
-SINGLE_COMMAND = "python scripts/real_model_report.py --cells {method}:{factor}:1key --dtype {dtype}  # {prompts} keys"
+SINGLE_COMMAND = "python scripts/real_model_report.py --cells {method}:{factor}:1key --dtype {dtype}"
 DTYPES = ("bfloat16", "float32")  # float32: an 8k forward in 0.6 of the time of bf16 on this 2-core CPU
 
 
@@ -168,10 +168,14 @@ def run_single_key_cell(folder, config, tokenizer, cell, adapter: Path, dtype: s
     record = {"rope_type": row_name(name, dtype), "length": factor * 8192, "rope_parameters": params, **found}
     extra = {"cell_seconds": round(time.perf_counter() - start), "keys_per_prompt": 1, "cell_factor": factor}
     extra |= {"dtype": dtype, "adapter": adapter.name} if method == "lora" else {"dtype": dtype}
-    command = SINGLE_COMMAND.format(method=method, factor=factor, prompts=prompts, dtype=dtype)
-    command += loading.rope_param_flags(chosen)
-    command += f" --adapter {shown(adapter)}" if method == "lora" else ""
-    return [{**record, **extra, "command": command}]
+    return [{**record, **extra, "command": single_command(cell, dtype, chosen, adapter)}]
+
+
+def single_command(cell, dtype: str, chosen: dict, adapter: Path) -> str:
+    """The command that reruns a ``:1key`` cell: its flags, then the number of keys as a comment."""
+    method, factor, prompts = cell
+    command = SINGLE_COMMAND.format(method=method, factor=factor, dtype=dtype) + loading.rope_param_flags(chosen)
+    return command + (f" --adapter {shown(adapter)}" if method == "lora" else "") + f"  # {prompts} keys"
 
 
 def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Path, dtype: str, chosen: dict):

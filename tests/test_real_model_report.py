@@ -78,3 +78,10 @@ def test_a_lora_cell_merges_once_per_adapter_weights(script, tmp_path, monkeypat
     second = script.merged(adapter, base)
     assert second != first and second.name.startswith("adapter-")
     assert sorted(p.name for p in first.parent.iterdir()) == sorted([first.name, second.name])
+
+
+def test_a_single_key_cell_command_keeps_its_flags_before_the_comment(script):
+    command = script.single_command(("lora", 4, 10), "float32", {"window": 8192}, script.ADAPTER)
+    words = shlex.split(command, comments=True)
+    assert words[-4:] == ["--rope-param", "window=8192", "--adapter", "examples/smollm2-yarn4-pose-lora"]
+    assert command.endswith("  # 10 keys")
