@@ -30,8 +30,6 @@ HEADS, KV_HEADS, HEAD_DIM, PRETRAIN = 9, 3, 64, 8192
 
 def attention_module(rope_type: str):
     """The attention module of a one-layer Llama whose config names ``rope_type`` with extend's 4x parameters."""
-    params = {"rope_type": rope_type, **compare.default_parameters(rope_type, PRETRAIN, 4.0)}
-    params |= {"factor": 4.0} if compare.takes_factor(rope_type) and "factor" not in params else {}
     config = LlamaConfig(
         vocab_size=256,
         hidden_size=HEADS * HEAD_DIM,
@@ -40,8 +38,10 @@ def attention_module(rope_type: str):
         num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS,
         max_position_embeddings=PRETRAIN,
-        rope_parameters={"rope_theta": 100000.0, **params},
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
     )
+    config.rope_parameters = compare.run_parameters(config, rope_type, 4.0, PRETRAIN)
+    config.validate_rope()
     return LlamaForCausalLM(config).model.layers[0].self_attn
 
 
