@@ -13,6 +13,7 @@ import torch
 from conftest import EVAL_L0 as L0
 from conftest import eval_llama_config, save_eval_llama
 
+from hf_rope_ext.attention import extension_defaults
 from hf_rope_ext.attention.methods import self_extend
 from hf_rope_ext.cli import main
 from hf_rope_ext.eval import compare, load_model
@@ -34,7 +35,7 @@ def test_applicable_methods_come_from_the_registry():
 
 @pytest.mark.parametrize("factor", [2.0, 3.0, 4.0, 8.0, 16.0])
 def test_default_parameters_fit_the_target_length_into_the_pretrained_distances(factor):
-    window = L0 // compare.FAR_WINDOW_FRACTION
+    window = L0 // extension_defaults.FAR_WINDOW_FRACTION
     for method in registry.methods():
         params = compare.default_parameters(method.name, L0, factor)
         if "group_size" in params:  # self-extend: its authors' rule, checked below

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, ByT5Tokenizer
 
 import hf_rope_ext
+from hf_rope_ext.attention.extension_defaults import default_parameters
 from hf_rope_ext.cli import main
 from hf_rope_ext.eval.data import load_token_documents, long_enough
 from hf_rope_ext.train import FinetuneConfig, finetune, load_adapter
@@ -285,6 +286,7 @@ def no_rope(tmp_path_factory):
         ({"eval_far_context": True, "eval_lengths": [L0 // 2]}, ValueError, "--eval-far-context needs an"),
         ({"retrieval": 1.5}, ValueError, r"retrieval=1\.5"),
         ({"retrieval_keys": 99}, ValueError, "retrieval_keys=99"),
+        ({"retrieval_same_kind": -0.5}, ValueError, r"retrieval_same_kind=-0\.5"),
         ({"retrieval": 0.5, "retrieval_keys": 7}, ValueError, "retrieval_keys=7: a row of 64 tokens is too short"),
     ],
 )
@@ -343,7 +345,11 @@ def test_extended_config_for_every_type(base, rope_type):
     required = (
         []
         if rope_type in ("linear", "yarn", "dynamic", "default")
-        else [k for k, p in get_method(rope_type).params.items() if p.default is REQUIRED and k not in GUESSED]
+        else [
+            k
+            for k, p in get_method(rope_type).params.items()
+            if p.default is REQUIRED and k not in GUESSED and k not in default_parameters(rope_type, L0, 4.0)
+        ]
     )
     if required:  # a required key the finetune command cannot guess must be named in the error
         with pytest.raises(KeyError, match=required[0]):
@@ -351,12 +357,33 @@ def test_extended_config_for_every_type(base, rope_type):
         return
     config = extended_config(base, rope_type, 4 * L0)
     assert config.rope_parameters["rope_type"] == rope_type
+    for key, value in default_parameters(rope_type, L0, 4.0).items():  # extend's values for the type's keys
+        assert config.rope_parameters[key] == value, key
     assert config.max_position_embeddings == (L0 if rope_type == "dynamic" else 4 * L0)
     if "original_max_position_embeddings" in config.rope_parameters:
         assert config.rope_parameters["original_max_position_embeddings"] == L0
     model = AutoModelForCausalLM.from_pretrained(base, config=config)
     assert torch.isfinite(logits(model, 4 * L0)).all()
     assert folder_bytes(base) == before  # the base folder is left as it was: the extended config lives in memory
+
+
+@pytest.mark.parametrize(
+    ("rope_type", "length", "factor", "extra", "expected"),
+    [
+        ("self_extend", 4 * L0, None, {}, {"window": 8, "group_size": 9}),  # 8 + 120 / 9 <= 2/3 L0, not with 8
+        ("self_extend", 2 * L0, None, {}, {"window": 8, "group_size": 5}),  # 8 + 56 / 5 <= 2/3 L0, not with 4
+        ("dual_chunk", 4 * L0, None, {}, {"chunk_size": 24, "local_size": 2}),  # 3/4 and 1/16 of L0
+        ("dual_chunk", 4 * L0, None, {"chunk_size": 20}, {"chunk_size": 20, "local_size": 2}),
+        ("leaky_rerope", 4 * L0, None, {}, {"window": 8, "factor": 5.0}),  # 8 + (128 - 8) / 5 = 32
+        ("leaky_rerope", 4 * L0, 3.0, {}, {"window": 8, "factor": 3.0}),  # --factor is the slope
+        ("rerope", 4 * L0, None, {"window": 4}, {"window": 4}),
+    ],
+)
+def test_finetune_fills_an_attention_types_keys_as_extend_and_the_user_overrides_them(
+    base, rope_type, length, factor, extra, expected
+):
+    params = extended_config(base, rope_type, length, factor, extra).rope_parameters
+    assert {key: params[key] for key in expected} == expected
 
 
 def folder_bytes(folder) -> dict[str, bytes]:

@@ -74,6 +74,26 @@ def test_facts_name_distinct_things_and_values_of_several_kinds(tokenizer):
     assert seen_kinds == set(KINDS)
 
 
+def test_a_share_of_rows_plants_facts_of_one_kind_and_none_by_default(tokenizer):
+    """``same_kind=1``: every row's facts share one kind (all kinds seen over the rows); ``same_kind=0``: the rows are
+    those made before the option (no extra draw), and some rows mix kinds; ``0.5``: both kinds of row."""
+
+    def kinds_of(seed, same_kind):
+        return {kind for kind, _, _ in plant(random.Random(seed), 4, same_kind)}
+
+    assert all(len(kinds_of(seed, 1.0)) == 1 for seed in range(40))
+    assert set().union(*(kinds_of(seed, 1.0) for seed in range(40))) == set(KINDS)
+    assert sum(len(kinds_of(seed, 0.0)) == 1 for seed in range(40)) < 10
+    halves = [len(kinds_of(seed, 0.5)) == 1 for seed in range(40)]
+    assert 10 <= sum(halves) <= 35
+    old = retrieval_row(tokenizer, row_of(tokenizer), random.Random(3), 3)
+    assert retrieval_row(tokenizer, row_of(tokenizer), random.Random(3), 3, 0.0) == old
+    ids, labels = retrieval_row(tokenizer, row_of(tokenizer), random.Random(3), 4, 1.0)
+    text = tokenizer.decode(ids)
+    assert sum(kind in text for kind in KINDS) == 1  # one kind named, in facts and questions
+    assert len(answers(tokenizer, ids, labels)) == 4
+
+
 def test_the_same_seed_gives_the_same_rows_and_another_seed_others(tokenizer):
     rows = Dataset.from_dict({"input_ids": [row_of(tokenizer)] * 12})
     first = mix_retrieval(rows, tokenizer, 0.5, 3, seed=1)
@@ -103,6 +123,8 @@ def test_bad_settings_and_rows_too_short_are_named(tokenizer):
         mix_retrieval(rows, tokenizer, 1.5, 3, seed=0)
     with pytest.raises(ValueError, match=r"retrieval_keys=0"):
         mix_retrieval(rows, tokenizer, 0.5, 0, seed=0)
+    with pytest.raises(ValueError, match=r"retrieval_same_kind=2\.0: the share of one-kind rows"):
+        mix_retrieval(rows, tokenizer, 0.5, 3, seed=0, same_kind=2.0)
     with pytest.raises(ValueError, match="too short"):
         retrieval_row(tokenizer, row_of(tokenizer, 60), random.Random(0), 3)
 

@@ -79,8 +79,13 @@ class FinetuneConfig:
         "loss on the answers only (0: none)",
         type="probability",
     )
-    retrieval_keys: int = option(
-        3, DATA, "facts per retrieval row, each of its own kind and place", type="positive_int"
+    retrieval_keys: int = option(3, DATA, "facts per retrieval row, each about another place", type="positive_int")
+    retrieval_same_kind: float = option(
+        0.0,
+        DATA,
+        "share of retrieval rows whose facts are all of one kind (every one a vault code, say), so only the place "
+        "each names tells them apart, as in a multi-key probe (0: each fact's kind drawn on its own)",
+        type="probability",
     )
     rank: int = option(8, LORA, "LoRA rank r", type="positive_int")
     alpha: float = option(16.0, LORA, "LoRA alpha (scale alpha / r)", type="positive_float")
@@ -151,7 +156,7 @@ def check_numbers(cfg: FinetuneConfig) -> None:
         raise ValueError(
             f"scheduler={cfg.scheduler!r} is not allowed; expected one of {[t.value for t in SchedulerType]}"
         )
-    check_retrieval(cfg.retrieval, cfg.retrieval_keys)
+    check_retrieval(cfg.retrieval, cfg.retrieval_keys, cfg.retrieval_same_kind)
     if any(int(n) < 2 for n in cfg.eval_lengths or ()):
         raise ValueError(f"eval_lengths={cfg.eval_lengths!r}: every length must be an integer >= 2")
 

@@ -156,7 +156,8 @@ def with_retrieval(datasets: list, tokenizer, cfg: FinetuneConfig) -> list:
         return datasets
     seeds = [cfg.seed * 1009 + index for index in range(len(datasets))]  # one stream per stage
     return [
-        mix_retrieval(d, tokenizer, cfg.retrieval, cfg.retrieval_keys, s) for d, s in zip(datasets, seeds, strict=True)
+        mix_retrieval(d, tokenizer, cfg.retrieval, cfg.retrieval_keys, s, cfg.retrieval_same_kind)
+        for d, s in zip(datasets, seeds, strict=True)
     ]
 
 
