@@ -1,6 +1,6 @@
 """The real-model report: SmolLM2-135M-Instruct (trained at 8192 tokens) read at 2x and 4x with training-free methods.
 
-    .venv/bin/python scripts/real_model_report.py                       # every cell below, about 5 h on 2 cores
+    .venv/bin/python scripts/real_model_report.py                       # every cell below, 5-6 h on 2 cores
     .venv/bin/python scripts/real_model_report.py --cells yarn:2 rerope:4 # some cells
     .venv/bin/python scripts/real_model_report.py --cells lora:4           # the shipped PoSE LoRA adapter
 
@@ -52,14 +52,15 @@ from hf_rope_ext.eval.multikey import multikey_accuracy
 from hf_rope_ext.eval.runner import EvalPlan, label
 from hf_rope_ext.store import smollm2
 
-# (method, factor, prompts of 3 keys): the PoSE pair and the headline cells first, so that a stopped run has them
+# (method, factor, prompts of 3 keys): 7 prompts (21 probes) at 2x, 4 (12) at 4x; the PoSE pair and the headline
+# cells first, so that a stopped run has them
 CELLS = [
     ("lora", 4, 4),
     ("yarn", 4, 4),
     *[(m, 2, 7) for m in ("none", "self_extend", "rerope", "yarn")],
-    *[(m, 4, 2) for m in ("self_extend", "rerope", "none", "leaky_rerope", "dynamic_yarn", "ntk_by_parts")],
-    *[(m, 2, 2) for m in ("leaky_rerope", "dynamic_yarn", "ntk_by_parts", "ntk", "part_ntk", "dynamic", "linear")],
-    *[(m, 4, 1) for m in ("ntk", "part_ntk", "dynamic", "linear")],
+    *[(m, 4, 4) for m in ("self_extend", "rerope", "none", "leaky_rerope", "dynamic_yarn", "ntk_by_parts")],
+    *[(m, 2, 7) for m in ("leaky_rerope", "dynamic_yarn", "ntk_by_parts", "ntk", "part_ntk", "dynamic", "linear")],
+    *[(m, 4, 4) for m in ("ntk", "part_ntk", "dynamic", "linear")],
 ]
 # single-key cells "method:factor:1key" (method, factor, prompts of 1 key): the classic probe, one forward each, at
 # s x L0 only; they separate finding a key from telling three planted keys apart (module docstring)

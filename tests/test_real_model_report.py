@@ -85,3 +85,9 @@ def test_a_single_key_cell_command_keeps_its_flags_before_the_comment(script):
     words = shlex.split(command, comments=True)
     assert words[-4:] == ["--rope-param", "window=8192", "--adapter", "examples/smollm2-yarn4-pose-lora"]
     assert command.endswith("  # 10 keys")
+
+
+def test_every_cell_asks_as_many_probes_as_the_issue_sets(script):
+    """Three-key cells: 7 prompts (21 probes) at 2x, 4 (12) at 4x; classic cells: 10 prompts of one key."""
+    assert {(factor, prompts) for _, factor, prompts in script.CELLS} == {(2, 7), (4, 4)}
+    assert {prompts for _, _, prompts in script.SINGLE} == {10}
