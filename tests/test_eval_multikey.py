@@ -8,6 +8,7 @@ from conftest import save_eval_llama
 
 from hf_rope_ext.eval import multikey, python_docs
 from hf_rope_ext.eval.loading import load_model, load_tokenizer, requested_parameters
+from hf_rope_ext.types import registry
 
 LENGTH = 640  # bytes (ByT5 tokens): ten times the tiny model's 64 positions
 
@@ -49,6 +50,78 @@ def test_every_probe_of_a_shared_prefill_equals_its_own_recompute(tiny_dir, toke
     assert [(d, k) for d, k, _ in found] == list(zip(where, keys, strict=True))
 
 
+# every type of the registry (their examples, at 4x) and transformers' own ones, dynamic ones included
+ROPES = [None, {"rope_type": "yarn", "factor": 4.0}, {"rope_type": "dynamic", "factor": 4.0}]
+ROPES += [{**registry.example_parameters(m, 4.0), "original_max_position_embeddings": 64} for m in registry.methods()]
+
+
+@pytest.mark.parametrize("rope", ROPES, ids=lambda r: "none" if r is None else r["rope_type"])
+def test_one_key_prompts_read_with_shared_prefixes_answer_as_each_prompt_read_alone(
+    tiny_dir, tokenizer, rope, monkeypatch
+):
+    """The classic probe's prompts (one key each, deeper each time) share their task and filler up to the earlier
+    needle: what one reads of it is kept for the next, and each question sees what that prompt read from scratch
+    without a cache gives it (logits, and the greedy answer). Types whose frequencies follow the length read
+    (dynamic) read each prompt whole."""
+    model = load_model(tiny_dir, None if rope is None else {"rope_theta": 10000.0, **rope})
+    keys, where = [[11111], [22222], [33333]], [[0.2], [0.5], [0.8]]
+    prompts = [multikey.prompt_ids(tokenizer, LENGTH, k, w) for k, w in zip(keys, where, strict=True)]
+    question = tokenizer(multikey.QUESTION.format(name=multikey.OBJECTS[0]), add_special_tokens=False).input_ids
+    seen, read, ask = [], [], multikey.ask
+
+    def asked(model, tokenizer, cache, keyword, name):  # the question's logits on what the cache holds, then ask
+        held = cache.get_seq_length()
+        seen.append((held, model(torch.tensor([question]), **{keyword: cache}).logits[0, -1]))
+        cache.crop(held - cache.get_seq_length())
+        return ask(model, tokenizer, cache, keyword, name)
+
+    monkeypatch.setattr(multikey, "ask", asked)
+    hook = model.model.register_forward_pre_hook(
+        lambda m, args, kw: read.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    found = multikey.probe_prompts(model, tokenizer, prompts, keys, where, iter)
+    hook.remove()
+    for (held, logits), ids in zip(seen, prompts, strict=True):
+        alone = model(torch.tensor([ids + question]), use_cache=False).logits[0, -1]
+        assert held == LENGTH and torch.allclose(logits, alone, atol=1e-4)
+    assert [text for _, _, text in found] == [recompute(model, tokenizer, ids, multikey.OBJECTS[0]) for ids in prompts]
+    prefills = [n for n in read if n > len(question)]  # the prompts' reads (the question's and the answer's: shorter)
+    shared = [multikey.shared_prefix(a, b) for a, b in zip(prompts, prompts[1:], strict=False)]
+    whole = not multikey.reads_in_pieces(model)
+    assert prefills == ([LENGTH] * 3 if whole else [LENGTH, LENGTH - shared[0], LENGTH - shared[1]])
+
+
+@pytest.mark.parametrize(
+    "rope, pieces",
+    [
+        (None, True),
+        ("yarn", True),
+        ("self_extend", True),
+        ("dual_chunk", True),
+        ("dynamic", False),
+        ("longrope", False),
+        ("dynamic_yarn", False),
+    ],
+)
+def test_only_types_whose_frequencies_follow_the_length_read_are_read_whole(rope, pieces):
+    class Config:  # what reads_in_pieces reads of a model's config: its text config's rope_parameters
+        def __init__(self, rope_parameters):
+            self.rope_parameters = rope_parameters
+
+        def get_text_config(self, decoder=False):
+            return self
+
+    model = lambda params: type("Model", (), {"config": Config(params)})()  # noqa: E731
+    assert multikey.reads_in_pieces(model(None if rope is None else {"rope_type": rope})) == pieces
+    layered = {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": rope or "default"}}
+    assert multikey.reads_in_pieces(model(layered)) == pieces
+
+
+def test_the_shared_prefix_of_two_prompts_is_their_common_start():
+    assert multikey.shared_prefix([1, 2, 3, 4], [1, 2, 5, 4]) == 2
+    assert multikey.shared_prefix([1, 2], [1, 2, 3]) == 2 and multikey.shared_prefix([7], [8]) == 0
+
+
 def test_a_prompt_has_its_length_and_each_needle_once_in_depth_order(tokenizer):
     keys = [11111, 22222, 33333]
     ids = multikey.prompt_ids(tokenizer, LENGTH, keys)
@@ -78,8 +151,8 @@ def test_accuracy_counts_hits_and_names_each_miss(tokenizer, monkeypatch):
     monkeypatch.setattr(multikey, "passkeys", lambda count, seed: [12345, 99999, 55555][:count])
     monkeypatch.setattr(
         multikey,
-        "probe_prompt",
-        lambda m, t, n, keys, where: [(d, k, next(answers)) for d, k in zip(where, keys, strict=True)],
+        "probe_prompts",
+        lambda m, t, ids, keys, where, b: [(d, k, next(answers)) for d, k in zip(where[0], keys[0], strict=True)],
     )
     result = multikey.multikey_accuracy(None, tokenizer, LENGTH, prompts=1, keys=3, progress=False)
     assert result["multikey_accuracy"] == pytest.approx(1 / 3) and result["multikey_probes"] == 3
