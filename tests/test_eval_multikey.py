@@ -56,22 +56,20 @@ ROPES += [{**registry.example_parameters(m, 4.0), "original_max_position_embeddi
 
 
 @pytest.mark.parametrize("rope", ROPES, ids=lambda r: "none" if r is None else r["rope_type"])
-def test_one_key_prompts_read_with_shared_prefixes_answer_as_each_prompt_read_alone(
-    tiny_dir, tokenizer, rope, monkeypatch
-):
-    """The classic probe's prompts (one key each, deeper each time) share their task and filler up to the earlier
-    needle: what one reads of it is kept for the next, and each question sees what that prompt read from scratch
-    without a cache gives it (logits, and the greedy answer). Types whose frequencies follow the length read
-    (dynamic) read each prompt whole."""
+def test_prompts_read_with_shared_prefixes_answer_as_each_prompt_read_alone(tiny_dir, tokenizer, rope, monkeypatch):
+    """Prompts whose needles lie deeper each time share their task and filler up to the earlier first needle: what
+    one reads of it is kept for the next, and each question sees what that prompt and the question read from scratch
+    without a cache give (logits, and the greedy answer). Types whose frequencies follow the length read (dynamic)
+    read each prompt whole."""
     model = load_model(tiny_dir, None if rope is None else {"rope_theta": 10000.0, **rope})
-    keys, where = [[11111], [22222], [33333]], [[0.2], [0.5], [0.8]]
+    keys, where = [[11111, 44444], [22222, 55555], [33333, 66666]], [[0.2, 0.6], [0.4, 0.8], [0.6, 0.9]]
     prompts = [multikey.prompt_ids(tokenizer, LENGTH, k, w) for k, w in zip(keys, where, strict=True)]
-    question = tokenizer(multikey.QUESTION.format(name=multikey.OBJECTS[0]), add_special_tokens=False).input_ids
+    question = lambda name: tokenizer(multikey.QUESTION.format(name=name), add_special_tokens=False).input_ids  # noqa: E731
     seen, read, ask = [], [], multikey.ask
 
     def asked(model, tokenizer, cache, keyword, name):  # the question's logits on what the cache holds, then ask
         held = cache.get_seq_length()
-        seen.append((held, model(torch.tensor([question]), **{keyword: cache}).logits[0, -1]))
+        seen.append((held, name, model(torch.tensor([question(name)]), **{keyword: cache}).logits[0, -1]))
         cache.crop(held - cache.get_seq_length())
         return ask(model, tokenizer, cache, keyword, name)
 
@@ -81,11 +79,12 @@ def test_one_key_prompts_read_with_shared_prefixes_answer_as_each_prompt_read_al
     )
     found = multikey.probe_prompts(model, tokenizer, prompts, keys, where, iter)
     hook.remove()
-    for (held, logits), ids in zip(seen, prompts, strict=True):
-        alone = model(torch.tensor([ids + question]), use_cache=False).logits[0, -1]
-        assert held == LENGTH and torch.allclose(logits, alone, atol=1e-4)
-    assert [text for _, _, text in found] == [recompute(model, tokenizer, ids, multikey.OBJECTS[0]) for ids in prompts]
-    prefills = [n for n in read if n > len(question)]  # the prompts' reads (the question's and the answer's: shorter)
+    asks = [(ids, name) for ids in prompts for name in multikey.OBJECTS[:2]]
+    for (held, name, logits), (ids, expected_name) in zip(seen, asks, strict=True):
+        alone = model(torch.tensor([ids + question(name)]), use_cache=False).logits[0, -1]
+        assert (held, name) == (LENGTH, expected_name) and torch.allclose(logits, alone, atol=1e-4)
+    assert [text for _, _, text in found] == [recompute(model, tokenizer, ids, name) for ids, name in asks]
+    prefills = [n for n in read if n > max(len(question(o)) for o in multikey.OBJECTS)]  # questions, answers: shorter
     shared = [multikey.shared_prefix(a, b) for a, b in zip(prompts, prompts[1:], strict=False)]
     whole = not multikey.reads_in_pieces(model)
     assert prefills == ([LENGTH] * 3 if whole else [LENGTH, LENGTH - shared[0], LENGTH - shared[1]])
