@@ -141,6 +141,59 @@ def test_flash_masks():
         mask_formats.engine_mask("flash_attention_2", torch.ones(2, 21), 1, 20, {}, "cpu")
 
 
+def test_only_causal_reads_a_mask_in_blocks_and_misses_no_entry(monkeypatch):
+    """Blocks of 2 rows over 5 queries on 9 keys: the plain causal mask (bool, additive) is causal; one entry
+    flipped anywhere, a padded row of a batch, or more queries than keys is not."""
+    monkeypatch.setattr(mask_formats, "CAUSAL_ROWS", 2)
+    causal = causal_and_kept(torch.ones(1, 9), 5)  # [1, 1, 5, 9]
+    additive = torch.zeros(causal.shape).masked_fill(~causal, torch.finfo(torch.float32).min)
+    assert mask_formats.only_causal(causal) and mask_formats.only_causal(additive)
+    for i, j in [(i, j) for i in range(5) for j in range(9)]:
+        flipped, biased = causal.clone(), additive.clone()
+        flipped[0, 0, i, j] = ~flipped[0, 0, i, j]
+        biased[0, 0, i, j] = 0.5 if causal[0, 0, i, j] else 0.0
+        assert not mask_formats.only_causal(flipped) and not mask_formats.only_causal(biased), (i, j)
+    keep = torch.ones(2, 9)
+    keep[1, 0] = 0
+    assert not mask_formats.only_causal(causal_and_kept(keep, 5))
+    assert not mask_formats.only_causal(torch.ones(1, 1, 9, 5, dtype=torch.bool).tril())
+
+
+def test_sdpa_and_eager_masks_of_plain_causal_reads_on_a_cache_come_out_as_none():
+    causal = causal_and_kept(torch.ones(1, 9), 5)
+    additive = torch.zeros(causal.shape).masked_fill(~causal, torch.finfo(torch.float32).min)
+    assert mask_formats.causal_on_cache(causal, 5, 9) is None and mask_formats.causal_on_cache(additive, 5, 9) is None
+    keep = torch.ones(1, 9)
+    keep[0, 0] = 0
+    padded = causal_and_kept(keep, 5)
+    assert mask_formats.causal_on_cache(padded, 5, 9) is padded
+    assert mask_formats.causal_on_cache(causal, 5, 10) is causal  # a mask of other keys: kept
+    square = causal_and_kept(torch.ones(1, 5), 5)
+    assert mask_formats.causal_on_cache(square, 5, 5) is square  # no cache: transformers' own None or a mask kept
+    assert mask_formats.engine_mask("sdpa", causal, 5, 9, {}, "cpu") is causal  # handed on as transformers made it
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("name", ["self_extend", "rerope", "dual_chunk"])
+def test_a_prompt_read_on_a_cache_takes_the_unmasked_plan_and_equals_one_read(name, implementation, monkeypatch):
+    """A prompt read in two pieces (the second on a cache: transformers builds a [q, kv] causal mask there) takes
+    the fast engine's unmasked plan and gives the logits of one read."""
+    import hf_rope_ext
+    from hf_rope_ext.attention.engine import fast, reference
+
+    model = model_of(name)
+    ids = torch.randint(3, 97, (1, LENGTH), generator=torch.Generator().manual_seed(1))
+    whole = run(model, implementation, ids)
+    masked, on_mask, on_reference = [], fast.two_band_masked, reference.run
+    monkeypatch.setattr(fast, "two_band_masked", lambda *a: masked.append("masked") or on_mask(*a))
+    if implementation != "eager":  # eager runs the reference engine, as in stock transformers
+        monkeypatch.setattr(reference, "run", lambda *a: masked.append("reference") or on_reference(*a))
+    cache = hf_rope_ext.rope_cache(model)
+    run(model, implementation, ids[:, :12], past_key_values=cache)
+    pieces = run(model, implementation, ids[:, 12:], past_key_values=cache)
+    assert masked == [] and torch.allclose(pieces, whole[:, 12:], atol=1e-5)
+
+
 def padded_block_mask(keep: torch.Tensor, q_len: int, block: int = 8) -> BlockMask:
     """A BlockMask as transformers builds one for flex: causal with an offset, and padding."""
     offset = keep.shape[1] - q_len

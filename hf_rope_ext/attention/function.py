@@ -16,7 +16,7 @@ from .engine import fast, reference, rotated_cache
 from .engine.call import Call, crop_empty_slots, key_positions, query_positions
 from .engine.temperature import temper
 from .layer import Layer, resolve
-from .mask_formats import FLASH, FLEX, engine_mask
+from .mask_formats import FLASH, FLEX, causal_on_cache, engine_mask
 
 IMPLEMENTATIONS = ("eager", "sdpa", FLEX, *FLASH)  # the attention implementations that run these types
 
@@ -94,6 +94,7 @@ def attend_layer(
     attention_mask = engine_mask(implementation, attention_mask, query.shape[2], key.shape[2], kwargs, query.device)
     memory = rotated_cache.kept_by_cache(key) or rotated_cache.beside(module)  # before cropping: the layer's keys
     key, value, attention_mask = crop_empty_slots(query, key, value, attention_mask)
+    attention_mask = causal_on_cache(attention_mask, query.shape[2], key.shape[2])  # unmasked plans on a cache
     check_window_mask(module, layer.name, attention_mask, key, kwargs.get("sliding_window"))
     call = make_call(layer, module, query, key, value, attention_mask, kwargs.get("position_ids"), memory)
     causal = kwargs.get("is_causal") if kwargs.get("is_causal") is not None else getattr(module, "is_causal", True)

@@ -9,7 +9,9 @@ The engines take what transformers gives sdpa and eager: None (causal, the queri
 - ``flex_attention``: a ``BlockMask`` (block lists and a ``mask_mod``), an additive tensor mask, or None. The
   engine is given what compiled flex would attend: a fully listed block whole, a partly listed one where its
   ``mask_mod`` allows, an unlisted one not at all.
-A mask that comes out causal with nothing else is handed on as None, so the engines take their unmasked plans.
+A mask that comes out causal with nothing else is handed on as None, so the engines take their unmasked plans; so is
+sdpa's and eager's for several queries on a cache (``causal_on_cache``: transformers builds a [q, kv] mask there, where
+without a cache it passes None), e.g. a long prompt read after a prefix already in the cache.
 """
 
 from __future__ import annotations
@@ -89,10 +91,28 @@ def block_mask_allowed(block_mask) -> torch.Tensor:
     return allowed
 
 
-def only_causal(allowed: torch.Tensor) -> bool:
-    """Whether a [B, 1, q, kv] bool mask is exactly causal with the queries the newest keys."""
-    q_len, kv_len = allowed.shape[-2:]
-    return bool((allowed == (causal_distance(q_len, kv_len, allowed.device) >= 0)).all())
+CAUSAL_ROWS = 1024  # query rows read at a time by ``only_causal``
+
+
+def only_causal(mask: torch.Tensor) -> bool:
+    """Whether a [B or 1, 1, q, kv] mask (bool, True = attend; or additive, 0 = attend) lets each query see exactly
+    the keys up to its own, the queries being the newest keys: no padding, no window. One pass in blocks of
+    ``CAUSAL_ROWS`` rows (each: the keys before its first query all seen, the square of its own queries lower
+    triangular, the keys after its last query none), so a 32k-token read on a cache needs no [q, kv] tensor more."""
+    q_len, kv_len = mask.shape[-2:]
+    if q_len > kv_len:
+        return False
+    offset = kv_len - q_len
+    for r0 in range(0, q_len, CAUSAL_ROWS):
+        r1 = min(r0 + CAUSAL_ROWS, q_len)
+        rows = mask[..., r0:r1, :]
+        seen = rows if rows.dtype == torch.bool else rows == 0  # [B, 1, c, kv]
+        square = torch.ones(r1 - r0, r1 - r0, dtype=torch.bool, device=mask.device).tril()
+        if not (seen[..., : offset + r0].all() and bool((seen[..., offset + r0 : offset + r1] == square).all())):
+            return False
+        if seen[..., offset + r1 :].any():
+            return False
+    return True
 
 
 def engine_mask(implementation: str, mask, q_len: int, kv_len: int, kwargs: dict, device):
@@ -104,3 +124,13 @@ def engine_mask(implementation: str, mask, q_len: int, kv_len: int, kwargs: dict
     else:
         return mask
     return None if allowed is None or only_causal(allowed) else allowed
+
+
+def causal_on_cache(mask, q_len: int, kv_len: int):
+    """None for a [B or 1, 1, q, kv] mask of several queries on a cache (kv > q) that is only causal, else ``mask``.
+    Applied after a static cache's unfilled slots are cut (``engine.call.crop_empty_slots``), which reads None with
+    more keys than queries as an empty static cache."""
+    several_on_cache = isinstance(mask, torch.Tensor) and mask.ndim == 4 and 1 < q_len < kv_len
+    if several_on_cache and tuple(mask.shape[-2:]) == (q_len, kv_len) and only_causal(mask):
+        return None
+    return mask
