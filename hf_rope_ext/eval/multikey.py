@@ -14,7 +14,7 @@ Attention-level types get the package's rotating cache (``rope_cache``), the oth
 
 The prompts of a cell are read in order into one cache, and what a prompt shares with the next (the task line and
 the filler before the first needle where they differ) is kept and read once: the classic probe's 10 one-key prompts
-at depths 0.05 to 0.95 read about 6 prompts' worth of tokens instead of 10. Reading in pieces gives what one forward
+at depths 0.05 to 0.95 read about 6.4 prompts' worth of tokens instead of 10. Reading in pieces gives what one forward
 gives (the cache is exact); not where the frequencies follow the length read so far (transformers' ``dynamic`` and
 ``longrope``, the package's dynamic types), which read every prompt from scratch as before.
 """
@@ -99,7 +99,7 @@ def probe_prompts(model, tokenizer, prompts: list[list[int]], keys: list[list[in
     keyword, device = hf_rope_ext.cache_keyword(model), next(model.parameters()).device
     pieces = reads_in_pieces(model)
     pairs = zip(prompts, prompts[1:], strict=False)  # (prompt, the next one)
-    keep = [min(shared_prefix(a, b), len(a) - 1) if pieces else 0 for a, b in pairs] + [0]
+    keep = [min(shared_prefix(a, b), len(a) - 1, len(b) - 1) if pieces else 0 for a, b in pairs] + [0]  # one token read
     found, held, cache = [], 0, None
     for i in bar_of(range(len(prompts))):
         ids = prompts[i]  # the cache holds ids[:held], what this prompt shares with the one before
