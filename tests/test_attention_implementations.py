@@ -173,25 +173,42 @@ def test_sdpa_and_eager_masks_of_plain_causal_reads_on_a_cache_come_out_as_none(
     assert mask_formats.engine_mask("sdpa", causal, 5, 9, {}, "cpu") is causal  # handed on as transformers made it
 
 
+def test_the_mask_every_layer_is_handed_is_read_once(monkeypatch):
+    """The same mask tensor, unchanged, is read once; changed in place, or another tensor, it is read again."""
+    read, only_causal = [], mask_formats.only_causal
+    monkeypatch.setattr(mask_formats, "only_causal", lambda m: read.append(1) or only_causal(m))
+    causal = causal_and_kept(torch.ones(1, 9), 5)
+    assert mask_formats.causal_on_cache(causal, 5, 9) is None and mask_formats.causal_on_cache(causal, 5, 9) is None
+    assert len(read) == 1
+    causal[0, 0, 0, 0] = False
+    assert mask_formats.causal_on_cache(causal, 5, 9) is causal and len(read) == 2
+    assert mask_formats.causal_on_cache(causal_and_kept(torch.ones(1, 9), 5), 5, 9) is None and len(read) == 3
+    with torch.inference_mode():
+        frozen = causal_and_kept(torch.ones(1, 9), 5)
+        assert mask_formats.causal_on_cache(frozen, 5, 9) is None and mask_formats.causal_on_cache(frozen, 5, 9) is None
+    assert len(read) == 4
+
+
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("name", ["self_extend", "rerope", "dual_chunk"])
 def test_a_prompt_read_on_a_cache_takes_the_unmasked_plan_and_equals_one_read(name, implementation, monkeypatch):
     """A prompt read in two pieces (the second on a cache: transformers builds a [q, kv] causal mask there) takes
-    the fast engine's unmasked plan and gives the logits of one read."""
+    the fast engine's unmasked plan and gives the logits of one read; the mask is read once for both layers."""
     import hf_rope_ext
     from hf_rope_ext.attention.engine import fast, reference
 
     model = model_of(name)
     ids = torch.randint(3, 97, (1, LENGTH), generator=torch.Generator().manual_seed(1))
     whole = run(model, implementation, ids)
-    masked, on_mask, on_reference = [], fast.two_band_masked, reference.run
+    masked, on_mask, on_reference, only_causal = [], fast.two_band_masked, reference.run, mask_formats.only_causal
+    monkeypatch.setattr(mask_formats, "only_causal", lambda m: masked.append("checked") or only_causal(m))
     monkeypatch.setattr(fast, "two_band_masked", lambda *a: masked.append("masked") or on_mask(*a))
     if implementation != "eager":  # eager runs the reference engine, as in stock transformers
         monkeypatch.setattr(reference, "run", lambda *a: masked.append("reference") or on_reference(*a))
-    cache = hf_rope_ext.rope_cache(model)
-    run(model, implementation, ids[:, :12], past_key_values=cache)
-    pieces = run(model, implementation, ids[:, 12:], past_key_values=cache)
-    assert masked == [] and torch.allclose(pieces, whole[:, 12:], atol=1e-5)
+    cache, keyword = hf_rope_ext.rope_cache(model), hf_rope_ext.cache_keyword(model)
+    run(model, implementation, ids[:, :12], **{keyword: cache})
+    pieces = run(model, implementation, ids[:, 12:], **{keyword: cache})
+    assert masked == ["checked"] and torch.allclose(pieces, whole[:, 12:], atol=1e-5)  # once for both layers
 
 
 def padded_block_mask(keep: torch.Tensor, q_len: int, block: int = 8) -> BlockMask:

@@ -16,6 +16,8 @@ without a cache it passes None), e.g. a long prompt read after a prefix already 
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -131,6 +133,22 @@ def causal_on_cache(mask, q_len: int, kv_len: int):
     Applied after a static cache's unfilled slots are cut (``engine.call.crop_empty_slots``), which reads None with
     more keys than queries as an empty static cache."""
     several_on_cache = isinstance(mask, torch.Tensor) and mask.ndim == 4 and 1 < q_len < kv_len
-    if several_on_cache and tuple(mask.shape[-2:]) == (q_len, kv_len) and only_causal(mask):
+    if several_on_cache and tuple(mask.shape[-2:]) == (q_len, kv_len) and checked_causal(mask):
         return None
     return mask
+
+
+_LAST_CHECKED = (None, None, False)  # (weak reference to the mask checked last, its version, whether only causal)
+
+
+def checked_causal(mask: torch.Tensor) -> bool:
+    """``only_causal(mask)``, read once for the mask every layer of a forward is handed (the same tensor, unchanged
+    since: the same object alive and, outside inference mode, the same version)."""
+    global _LAST_CHECKED
+    last, version, verdict = _LAST_CHECKED
+    now = None if mask.is_inference() else mask._version
+    if last is not None and last() is mask and version == now:
+        return verdict
+    verdict = only_causal(mask)
+    _LAST_CHECKED = (weakref.ref(mask), now, verdict)
+    return verdict

@@ -119,7 +119,7 @@ def frequency_function(rope_type: str) -> tuple[Callable, bool]:
             )
         return method.frequencies, method.dynamic
     if rope_type in ROPE_INIT_FUNCTIONS:
-        return ROPE_INIT_FUNCTIONS[rope_type], "dynamic" in rope_type or rope_type == "longrope"
+        return ROPE_INIT_FUNCTIONS[rope_type], registry.follows_length(rope_type)
     raise ValueError(
         f"rope_parameters['rope_type']={rope_type!r} is not a rope type of RoFormer; allowed: {supported_types()}"
     )

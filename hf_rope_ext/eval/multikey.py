@@ -32,7 +32,6 @@ NEEDLE = " The pass key of the {name} is {key}. Remember it. {key} is the pass k
 QUESTION = " What is the pass key of the {name}? The pass key of the {name} is"
 DEFAULT_KEYS = 3
 ANSWER_TOKENS = 6  # SmolLM2's tokenizer spells five digits as five tokens, after a space
-LENGTH_DEPENDENT = ("dynamic", "longrope")  # transformers' types whose frequencies follow the length read
 
 
 def depths(keys: int, prompt: int = 0, prompts: int = 1) -> list[float]:
@@ -76,12 +75,12 @@ def ask(model, tokenizer, cache, keyword: str, name: str, answer_tokens: int = A
 
 def reads_in_pieces(model) -> bool:
     """Whether ``model`` reading a prompt in pieces into a cache computes what one forward over it computes: not
-    where the frequencies follow the length read so far (``LENGTH_DEPENDENT``, the package's dynamic types)."""
+    where the frequencies follow the length read so far (``registry.follows_length``)."""
     config = model.config.get_text_config(decoder=True)
     params = getattr(config, "rope_parameters", None) or {}
     layers = [params] if "rope_type" in params else [p for p in params.values() if isinstance(p, dict)]
     names = [p.get("rope_type", "default") for p in layers]
-    return not any(n in LENGTH_DEPENDENT or getattr(registry.find(n), "dynamic", False) for n in names)
+    return not any(registry.follows_length(n) for n in names)
 
 
 def shared_prefix(a: list[int], b: list[int]) -> int:

@@ -112,6 +112,14 @@ def find(name) -> RopeMethod | None:
     return _METHODS.get(name)
 
 
+def follows_length(rope_type: str) -> bool:
+    """Whether ``rope_type``'s frequencies depend on the sequence length read so far: a package type declared
+    ``dynamic``, or one of transformers' own that it updates per length (``dynamic_rope_update``: a name holding
+    "dynamic", and ``longrope``)."""
+    method = find(rope_type)
+    return method.dynamic if method is not None else "dynamic" in rope_type or rope_type == "longrope"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # validation
 
