@@ -167,7 +167,8 @@ def run_single_key_cell(folder, config, tokenizer, cell, adapter: Path, dtype: s
     model = loading.load_model(folder, params, dtype=getattr(torch, dtype))
     found = multikey_accuracy(model, tokenizer, factor * 8192, prompts, keys=1)
     record = {"rope_type": row_name(name, dtype), "length": factor * 8192, "rope_parameters": params, **found}
-    extra = {"cell_seconds": round(time.perf_counter() - start), "keys_per_prompt": 1, "cell_factor": factor}
+    extra = {"cell_seconds": round(time.perf_counter() - start), "threads": torch.get_num_threads()}
+    extra |= {"keys_per_prompt": 1, "cell_factor": factor}
     extra |= {"dtype": dtype, "adapter": adapter.name} if method == "lora" else {"dtype": dtype}
     return [{**record, **extra, "command": single_command(cell, dtype, chosen, adapter)}]
 
@@ -193,6 +194,7 @@ def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Pa
     extra = {
         "dtype": dtype,
         "cell_seconds": round(time.perf_counter() - start),
+        "threads": torch.get_num_threads(),  # the time of a cell is that of this many threads
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "command": COMMAND.format(model="<smollm2>", method=rope_type, factor=factor, prompts=prompts, dtype=dtype)
         + loading.rope_param_flags(extra)

@@ -123,6 +123,8 @@ def main() -> None:
         if key in done and all(r["samples"] >= args.limit for r in done[key]["records"]):
             print(f"{cell}: done already")
             continue
+        import torch  # here, not at the top: --help answers without it
+
         started = time.time()
         records = run_cell(folder, cell, tasks, args.limit, args)
         if args.dtype != "bfloat16":
@@ -130,6 +132,7 @@ def main() -> None:
         done[key] = {
             "records": records,
             "seconds": round(time.time() - started),
+            "threads": torch.get_num_threads(),  # the seconds are those of this many threads
             "command": command(cell, args, records[0].get("rope_parameters")),
         }
         path.write_text(json.dumps(done, indent=1) + "\n")
