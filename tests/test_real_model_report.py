@@ -1,5 +1,5 @@
-"""scripts/real_model_report.py: a cell run with ``--rope-param`` is stored beside the one with the defaults, its row
-says which values it ran with, and its command gives them back."""
+"""scripts/real_model_report.py (and scripts/ruler_report.py): a cell run with ``--rope-param`` is stored beside the
+one with the defaults, its row says which values it ran with, and its command gives them back."""
 
 import json
 import shlex
@@ -91,3 +91,23 @@ def test_every_cell_asks_as_many_probes_as_the_issue_sets(script):
     """Three-key cells: 7 prompts (21 probes) at 2x, 4 (12) at 4x; classic cells: 10 prompts of one key."""
     assert {(factor, prompts) for _, factor, prompts in script.CELLS} == {(2, 7), (4, 4)}
     assert {prompts for _, _, prompts in script.SINGLE} == {10}
+
+
+def test_a_ruler_cell_key_and_command_give_its_parameters_back():
+    """scripts/ruler_report.py: a cell with --rope-param values has its own key, and the ``hf-rope-ext eval`` command
+    stored with it sets the type, the factor and every parameter the cell ran with (the record's saved keys aside)."""
+    from argparse import Namespace
+
+    ruler = load_script("ruler_report")
+    args = Namespace(tasks="niah_single_1", adapter=ruler.ADAPTER, chosen={"attention_temperature": "log"})
+    args.__dict__ |= {"dtype": "float32", "max_gen_toks": 32, "limit": 3}
+    key = ruler.cell_key("dual_chunk:4:32768", args)
+    assert key == "dual_chunk:4:32768:niah_single_1[attention_temperature=log] float32 gen32"
+    params = {"rope_type": "dual_chunk", "factor": 4.0, "rope_theta": 1e5, "chunk_size": 6144, "local_size": 512}
+    words = shlex.split(ruler.command("dual_chunk:4:32768", args, {**params, "attention_temperature": "log"}))
+    flags = dict(zip(words[::2], words[1::2], strict=False))
+    assert words[:5] == ["hf-rope-ext", "eval", "--model", "<smollm2>", "--ruler"]
+    assert flags["--rope-type"] == "dual_chunk" and flags["--factor"] == "4" and flags["--lengths"] == "32768"
+    chosen = loading.parse_rope_params([words[i + 1] for i, w in enumerate(words) if w == "--rope-param"])
+    assert chosen == {"chunk_size": 6144, "local_size": 512, "attention_temperature": "log"}
+    assert (flags["--limit"], flags["--dtype"], flags["--max-gen-toks"]) == ("3", "float32", "32")
