@@ -112,6 +112,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--rope-param", action="append", default=[], help="KEY=VALUE (JSON) over the defaults")
     args = parser.parse_args()
+    import torch  # after the arguments, not at the top: --help answers without it
+
     args.chosen = loading.parse_rope_params(args.rope_param)
     tasks = args.tasks.split(",")
     folder = smollm2.ensure()
@@ -123,8 +125,6 @@ def main() -> None:
         if key in done and all(r["samples"] >= args.limit for r in done[key]["records"]):
             print(f"{cell}: done already")
             continue
-        import torch  # here, not at the top: --help answers without it
-
         started = time.time()
         records = run_cell(folder, cell, tasks, args.limit, args)
         if args.dtype != "bfloat16":
