@@ -111,3 +111,23 @@ def test_a_ruler_cell_key_and_command_give_its_parameters_back():
     chosen = loading.parse_rope_params([words[i + 1] for i, w in enumerate(words) if w == "--rope-param"])
     assert chosen == {"chunk_size": 6144, "local_size": 512, "attention_temperature": "log"}
     assert (flags["--limit"], flags["--dtype"], flags["--max-gen-toks"]) == ("3", "float32", "32")
+
+
+@pytest.mark.parametrize(
+    "answer, kind",
+    [
+        (": 8734194.", "asked"),
+        (" 7771611. What is", "another needle"),  # a value planted for another key
+        (": 7771612", "needle copied wrong"),  # its first four digits, not its value
+        (" 1234567", "other number"),
+        (" 77716110", "needle copied wrong"),  # 8 digits: not the 7-digit 7771611, a copy of it
+        (" the number of the", "no number"),
+    ],
+)
+def test_a_ruler_answer_is_sorted_by_where_its_number_comes_from(answer, kind):
+    """scripts/ruler_answers.py: an answer's first number against the value asked and the prompt's other values
+    (a 7-digit run inside a longer number is no value of the prompt)."""
+    answers = load_script("ruler_answers")
+    prompt = "One of the special magic numbers for apple is: 7771611. ... for pear is: 8734194. Page 123456789."
+    assert answers.source(answer, ["8734194"], prompt) == kind
+    assert answers.source(" 2345678", ["8734194"], prompt) == "other number"  # 2345678 sits inside 123456789
