@@ -63,14 +63,21 @@ def main() -> None:
     parser.add_argument("--task", default="niah_multikey_2")
     parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
     args = parser.parse_args()
+    try:
+        tasks = ruler_tasks.resolve([args.task], "--task")
+    except ValueError as err:
+        parser.error(str(err))
+    if len(tasks) != 1:
+        parser.error(f"--task {args.task!r}: one task, not {len(tasks)} ({', '.join(tasks)})")
+    task = tasks[0]
     cells = json.loads(Path(args.results).read_text())
     tokenizer = str(smollm2.ensure())
     total = Counter()
     for length in args.lengths:
-        prompts = samples(args.task, length, tokenizer)
+        prompts = samples(task, length, tokenizer)
         for key, cell in cells.items():
             for rec in cell["records"]:
-                if rec["task"] != args.task or rec["length"] != length:
+                if rec["task"] != task or rec["length"] != length:
                     continue
                 if any(a["expected"][0] not in prompts for a in rec["answers"]):
                     print(f"{length} {key}: samples not among those rebuilt")
