@@ -122,6 +122,7 @@ def test_a_ruler_cell_key_and_command_give_its_parameters_back():
         (" 1234567", "other number"),
         (" 77716110", "needle copied wrong"),  # 8 digits: not the 7-digit 7771611, a copy of it
         (" the number of the", "no number"),
+        (" 2345678", "other number"),  # it sits inside the prompt's 123456789, no 7-digit value of the prompt
     ],
 )
 def test_a_ruler_answer_is_sorted_by_where_its_number_comes_from(answer, kind):
@@ -130,4 +131,3 @@ def test_a_ruler_answer_is_sorted_by_where_its_number_comes_from(answer, kind):
     answers = load_script("ruler_answers")
     prompt = "One of the special magic numbers for apple is: 7771611. ... for pear is: 8734194. Page 123456789."
     assert answers.source(answer, ["8734194"], prompt) == kind
-    assert answers.source(" 2345678", ["8734194"], prompt) == "other number"  # 2345678 sits inside 123456789
