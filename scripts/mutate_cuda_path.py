@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FLEX = "hf_rope_ext/attention/engine/flex.py"
 PIECES = "hf_rope_ext/attention/engine/piece.py"
 MASKS = "hf_rope_ext/attention/mask_formats.py"
+KERNELS = "hf_rope_ext/attention/engine/kernels.py"
+SINGLE = "hf_rope_ext/attention/engine/single_band.py"
 TESTS = ["tests/test_attention_engines.py", "tests/test_attention_implementations.py"]
 
 # (what it breaks, module, fragment, replacement)
@@ -90,6 +92,13 @@ MUTATIONS = [
         "allowed = allowed & keep[:, None, None, :]",
         "allowed = allowed | ~keep[:, None, None, :].any()",
     ),
+    (
+        "CUDA plan: bands cut into row blocks as on CPU",
+        KERNELS,
+        "2**62 if device.type in WHOLE_BANDS",
+        "2**62 if False",
+    ),
+    ("gradients through torch's sdpa (one-band types)", SINGLE, "and offset == 0 and not grad:", "and offset == 0:"),
 ]
 
 

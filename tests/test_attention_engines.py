@@ -8,6 +8,8 @@ Only the kernel differs between devices (``kernels.KERNELS``), so the planning a
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import ENGINE_PARAMS_WITH_DYNAMIC_YARN, fast_plans, tiny_model
@@ -15,8 +17,10 @@ from cuda_twins import block_list_kernel, dense_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_rope_ext.attention import function
-from hf_rope_ext.attention.engine import flex, kernels, masked, rotated_cache, single_band, two_band
+from hf_rope_ext.attention.engine import fast, flex, kernels, masked, rotated_cache, single_band, two_band
 from hf_rope_ext.attention.engine.piece import Piece
+from hf_rope_ext.attention.methods.form import PLAIN
+from hf_rope_ext.types import registry
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -68,8 +72,9 @@ def outputs(module, case, kernel=None, dtype=torch.float32, grad=False, monkeypa
     mask, pos = CASES[case]()
     found = {}
     for engine, implementation in (("reference", "eager"), ("cpu", "sdpa"), ("cuda-twin", "sdpa")):
-        if engine == "cuda-twin":
+        if engine == "cuda-twin":  # the CUDA path: its kernel's twin, its plan (whole bands)
             monkeypatch.setitem(kernels.KERNELS, "cpu", kernel)
+            monkeypatch.setattr(kernels, "WHOLE_BANDS", {"cpu", "cuda"})
         q, k, v = tensors(dtype=dtype, grad=grad)
         out = function.attend(implementation, module, q, k, v, mask, position_ids=pos)[0]
         valid = torch.ones(2, LENGTH, dtype=torch.bool) if mask is None else mask[:, 0].any(-1)
@@ -80,6 +85,7 @@ def outputs(module, case, kernel=None, dtype=torch.float32, grad=False, monkeypa
             grads = (q.grad, k.grad, v.grad)
         found[engine] = (out[valid].float(), grads)
     monkeypatch.setitem(kernels.KERNELS, "cpu", kernels.cpu_flash)
+    monkeypatch.setattr(kernels, "WHOLE_BANDS", {"cuda"})
     return found
 
 
@@ -111,6 +117,53 @@ def test_every_engine_has_the_reference_gradients(name, case, twin, monkeypatch)
     for engine in ("cpu", "cuda-twin"):
         for grad, expected in zip(found[engine][1], found["reference"][1], strict=True):
             torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5)
+
+
+def plan(name: str) -> str | None:
+    return fast.plan_of(registry.get_method(name).attention or PLAIN)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("name", [n for n in TYPES if plan(n) in ("single", "two")])
+def test_cuda_plan_runs_each_band_as_one_piece(name, grad, monkeypatch):
+    """A 40-token prefill on the CUDA path's plan calls the kernel at most once per band (one-band types without
+    autograd: torch's sdpa, no piece), where the CPU plan (blocks of 3 to 7 rows here) calls it for every block: on
+    CUDA the number of calls, each costing milliseconds, does not grow with the length. Dual Chunk Attention is not
+    among them: its pieces are the method's chunks on every device."""
+    calls = []
+
+    def counted(*args):
+        calls.append(args[3])
+        return dense_kernel(*args)
+
+    monkeypatch.setitem(kernels.KERNELS, "cpu", counted)
+    module, pos, pieces = module_of(name).train(grad), torch.arange(LENGTH)[None], {}
+    for device, whole in (("cpu", {"cuda"}), ("cuda", {"cpu", "cuda"})):
+        monkeypatch.setattr(kernels, "WHOLE_BANDS", whole)
+        calls.clear()
+        q, k, v = tensors(grad=grad)
+        function.attend("sdpa", module, q, k, v, None, position_ids=pos)
+        pieces[device] = len(calls)
+    assert pieces["cuda"] <= {"single": 1, "two": 2}[plan(name)] < pieces["cpu"], pieces
+
+
+def refuse_sdpa(*args, **kwargs):
+    raise AssertionError("torch's sdpa called with autograd")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("name", [n for n in TYPES if plan(n) == "single"])
+def test_gradients_of_one_band_types_never_go_through_torch_sdpa(name, case, monkeypatch):
+    """With autograd every chunk of a one-band type (xPos, RoPER, dynamic YaRN) runs as the kernel's pieces, whose
+    gradients were right on an H200 where those of torch's sdpa were not (``engine.single_band``); the twin's
+    gradients still equal the reference's. Without autograd the same call is one sdpa call (every row in one chunk)."""
+    monkeypatch.setattr(single_band, "ROWS", LENGTH)
+    monkeypatch.setattr(single_band, "F", SimpleNamespace(scaled_dot_product_attention=refuse_sdpa))
+    found = outputs(module_of(name).train(), case, dense_kernel, grad=True, monkeypatch=monkeypatch)
+    for grad, expected in zip(found["cuda-twin"][1], found["reference"][1], strict=True):
+        torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5)
+    with pytest.raises(AssertionError, match="torch's sdpa"), torch.no_grad():
+        outputs(module_of(name), case, dense_kernel, monkeypatch=monkeypatch)
 
 
 @pytest.mark.parametrize("twin", DIFFERENTIABLE_TWINS)

@@ -19,7 +19,8 @@ def test_prefill_and_decode_rows_for_every_type():
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=True).stdout
     summary = out.split("x plain sdpa: time")[1].splitlines()
     header = next(line for line in summary if line.startswith("| pass"))
-    assert header.split("|")[6:-1] == [f" {t} " for t in ("rerope", "leaky_rerope", "self_extend", "xpos", "roper")]
+    types = ("rerope", "leaky_rerope", "self_extend", "xpos", "roper", "string", "dual_chunk")
+    assert header.split("|")[6:-1] == [f" {t} " for t in types]
     rows = {line.split("|")[1].strip(): line.split("|")[6:-1] for line in summary if line.startswith("| prefill")}
     rows |= {line.split("|")[1].strip(): line.split("|")[6:-1] for line in summary if line.startswith("| decode")}
     assert sorted(rows) == ["decode", "decode-static", "prefill"]

@@ -1,6 +1,12 @@
 """The fast engine's one-band forms (xPos, RoPER, the dynamic frequency types): plain RoPE queries and keys (xPos scaled
 relative to a reference, ``decay_and_value_turns``), RoPER's rotated values, per chunk of query rows: one sdpa call when
-possible, else pieces merged by log-sum-exp. Keys and values rotated at earlier decode steps are reused."""
+possible, else pieces merged by log-sum-exp. Keys and values rotated at earlier decode steps are reused.
+
+With autograd every chunk goes through the device's piece kernel (``kernels``), never torch's sdpa: on an H200
+(torch 2.11, bfloat16, ``benchmarks/check_engines.py``'s backward case) the gradients through sdpa's CUDA call were
+wrong in each of two runs for one of xPos and RoPER (another each time: q, k and v gradients off by 1.5 times the
+reference's largest), while every type whose gradients go through the pieces was right in both runs; the pieces run
+the same way on CPU, where the tests check them."""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from torch.nn import functional as F
 
 from ...layout.rotation import cos_sin, rotate, turn
 from . import rotated_cache
-from .call import Call
+from .call import Call, chunk_mask
 from .decay_and_value_turns import (
     decay_rows,
     exponent_bound,
@@ -20,9 +26,10 @@ from .decay_and_value_turns import (
     turn_output_back,
     value_inv_freq,
 )
-from .kernels import attend_piece
+from .kernels import attend_piece, piece_rows
 from .lse import Rows, causal_lse
 from .piece import Piece, needs_grad
+from .reference import additive
 
 ROWS = 1024  # query rows per chunk at most: its rotated queries and outputs are the temporaries
 
@@ -115,14 +122,23 @@ def query_keys(call: Call, rows: slice, old_rows: int):
 
 
 def chunks(call: Call) -> list[slice]:
-    """Query row chunks: the segments, cut to ROWS rows (xPos: to ``decay_half`` rows first)."""
+    """Query row chunks: the segments, cut to ROWS rows where the kernel needs row blocks (``kernels.piece_rows``;
+    xPos: to ``decay_half`` rows first, on every device)."""
     limit = decay_half(call) if call.form.decay is not None else None
     cut = [
         slice(i, min(i + (limit or stop - start), stop))
         for start, stop in segments(call)
         for i in range(start, stop, limit or stop - start)
     ]
-    return [slice(i, min(i + ROWS, c.stop)) for c in cut for i in range(c.start, c.stop, ROWS)]
+    rows = piece_rows(call.query.device, ROWS)
+    return [slice(i, min(i + rows, c.stop)) for c in cut for i in range(c.start, c.stop, rows)]
+
+
+def masked_piece(call: Call, q, k, values, mask, causal: bool, rows: slice, scale: float) -> torch.Tensor:
+    """Query rows ``rows`` [B, H, c, dv] under the given mask (or none, attention not causal) as one piece of the
+    device's kernel (a row the mask hides entirely: what the kernel gives, as sdpa's own choice for such rows)."""
+    given = chunk_mask(mask, causal, rows, call.query.shape[2], call.key.shape[2], q.device)
+    return attend_piece(q, k, values, Piece(mask=additive(given, q.dtype)), scale)[0]
 
 
 def single_band(call: Call, mask, causal: bool, scale: float) -> torch.Tensor:
@@ -130,14 +146,17 @@ def single_band(call: Call, mask, causal: bool, scale: float) -> torch.Tensor:
     q_len, kv = call.query.shape[2], call.key.shape[2]
     if q_len == 1 and mask is None and causal:
         return decode_step(call, scale)
-    offset, out = kv - q_len, Rows(call.query, call.value.shape[-1], needs_grad(call.query, call.key, call.value))
+    grad = needs_grad(call.query, call.key, call.value)  # pieces only (see the module's docstring)
+    offset, out = kv - q_len, Rows(call.query, call.value.shape[-1], grad)
     values, chunk_list = rotated_values(call, offset), chunks(call)
     for rows in chunk_list:
         q, k = query_keys(call, rows, offset)
-        if mask is not None or not causal:
+        if (mask is not None or not causal) and grad:
+            block = masked_piece(call, q, k, values, mask, causal, rows, scale)
+        elif mask is not None or not causal:
             rows_mask = None if mask is None else (mask[..., rows, :] if mask.shape[-2] > 1 else mask)
             block = F.scaled_dot_product_attention(q, k, values, attn_mask=rows_mask, scale=scale, enable_gqa=True)
-        elif len(chunk_list) == 1 and offset == 0:  # one call: the output needs no buffer
+        elif len(chunk_list) == 1 and offset == 0 and not grad:  # one call: the output needs no buffer
             block = F.scaled_dot_product_attention(q, k, values, scale=scale, is_causal=True, enable_gqa=True)
             return turn_output_back(call, block, rows)
         else:
