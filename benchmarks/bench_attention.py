@@ -50,6 +50,8 @@ TYPES = {
     "self_extend": {"rope_type": "self_extend", "window": WINDOW, "group_size": 8},
     "xpos": {"rope_type": "xpos", "scale_base": 512.0},
     "roper": {"rope_type": "roper", "value_rotary_factor": 1.0},
+    "string": {"rope_type": "string", "window": 1024, "local_window": 128},
+    "dual_chunk": {"rope_type": "dual_chunk", "chunk_size": 3072, "local_size": 256},
 }
 HEADS, KV_HEADS = 32, 8
 

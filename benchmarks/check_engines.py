@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/check_engines.py --device cuda [--json OUT.json]
 
-For every attention-level rope type (``bench_attention.TYPES``, ``string`` and ``dual_chunk``: the attention module
+For every attention-level rope type (``bench_attention.TYPES``: the attention module
 of a one-layer Llama, 32 / 8 heads, L0 4096), the call transformers makes is run through the fast engine (on CUDA:
 compiled flex_attention over block masks; ``dual_chunk`` with a mask runs the reference engine) and compared with
 the reference engine (``"eager"``: dense scores) run in float32 on the same inputs:
@@ -118,17 +118,10 @@ def backward_case(module, args, dtype) -> float:
     return max(error(g, e) for g, e in zip(grads["sdpa"], grads["eager"], strict=True))
 
 
-CHECKED = {
-    **TYPES,
-    "string": {"rope_type": "string", "window": 1024, "local_window": 128},
-    "dual_chunk": {"rope_type": "dual_chunk", "chunk_size": 3072, "local_size": 256},
-}
-
-
 def check(args) -> list[dict]:
     AttentionInterface.register(TIMED, timed_sdpa(args.device))  # the implementation bench_attention's modules name
     records = []
-    for name, rope in CHECKED.items():
+    for name, rope in TYPES.items():
         if name == "default":
             continue
         for dtype_name in args.dtypes:

@@ -2,7 +2,7 @@
 
     python scripts/mutate_cuda_path.py [--only N ...] [--tests FILE ...] [--keep]
 
-The CUDA kernel (compiled flex_attention) is never run here, so its tests run it through CPU twins
+The CUDA kernel (compiled flex_attention) never runs in the tests (no GPU in CI), so they run it through CPU twins
 (``tests/test_attention_engines.py``); a twin that ignored the block lists let wrong lists pass every test. Each
 mutation below replaces one exact fragment of a package module (it must occur exactly once, so the script fails
 loudly when the code moves on); the tests then run in the copy with ``pytest -x``. The script prints, per mutation,
