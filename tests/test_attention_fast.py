@@ -160,6 +160,31 @@ def test_long_decode_moves_and_grows_the_remembered_rows(name):
     rotated_cache.forget(module)
 
 
+@pytest.mark.parametrize("name", ["rerope", "leaky_rerope", "self_extend", "string"])
+def test_decode_from_a_cache_shorter_than_the_window(name):
+    """One-token steps from 1 to 14 cached keys, across the window of 8: every step equals eager, and while the
+    cache is within the window each step from the third on rotates only its new key (remembered rows reused)."""
+    module, steps = module_of(name, window=8), 14
+    q, k, v = tensors(batch=1, q_len=steps, kv=steps)
+    rotated = []
+
+    def counted(x, *args, **kwargs):
+        rotated.append(x.shape[2])
+        return rotation.rotate(x, *args, **kwargs)
+
+    for step in range(steps):
+        pos = torch.tensor([[step]])
+        keys, values = k[:, :, : step + 1].clone(), v[:, :, : step + 1].clone()
+        rotated.clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(two_band, "rotate", counted)
+            fast_out, reference = both(module, q[:, :, step : step + 1], keys, values, None, pos)
+        torch.testing.assert_close(fast_out, reference, rtol=0, atol=1e-5)
+        if 1 < step < 8:  # step 0 has no cache to remember rows of; step 1 rotates its two keys once
+            assert rotated == [1, 1], rotated  # the query and the new key: no cached key rotated again
+    rotated_cache.forget(module)
+
+
 @pytest.mark.parametrize("name", TYPES)
 def test_no_dense_mask_or_full_keys_per_query_block(name, monkeypatch):
     """Prefill of 256 tokens without a mask: no kernel call gets a mask or a score-sized tensor of q * kv

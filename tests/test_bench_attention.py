@@ -58,3 +58,20 @@ def test_training_benchmark_has_a_row_per_training_free_attention_type():
     names = [row[0].strip() for row in rows]
     assert names == ["dual_chunk", "leaky_rerope", "rerope", "self_extend", "string"]
     assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in rows)
+
+
+VIEWS = {"aten.slice.Tensor", "aten.alias.default", "aten.view.default", "aten.transpose.int", "aten.expand.default"}
+
+
+def test_a_decode_step_copies_nothing_that_grows_with_the_cache():
+    """benchmarks/decode_ops.py: plain sdpa's step is a few operations; every type's step runs more, and each of its
+    outputs as large as the cached keys (600 tokens x 8 heads x 128) is a view, not a copy or a pass over them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import decode_ops
+
+    plain = decode_ops.last_step_ops("default", 600, 100_000, "cpu")
+    assert sum(plain.ops.values()) <= 5
+    for name in ("rerope", "self_extend", "xpos", "roper", "string", "dual_chunk"):
+        counter = decode_ops.last_step_ops(name, 600, 100_000, "cpu")
+        assert sum(counter.ops.values()) > sum(plain.ops.values())
+        assert set(counter.big) <= VIEWS, (name, dict(counter.big))

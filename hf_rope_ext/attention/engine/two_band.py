@@ -34,7 +34,7 @@ def near_block(window: int) -> int:
 def near_keys(call: Call, reach: int, last: torch.Tensor | None = None) -> torch.Tensor:
     """Keys [reach, kv) rotated by their positions; while decoding (one query, a cache) the rows shared with the
     previous step's window are reused (``last``: the newest key already rotated)."""
-    if call.query.shape[2] > 1 or reach == 0:
+    if call.query.shape[2] > 1:
         return rotate(call.key[:, :, reach:], call.k_pos[:, reach:], call.inv_freq)
     turn = lambda x, p: rotate(x, p, call.inv_freq)  # noqa: E731
     offset = call.key.shape[2] - 1
