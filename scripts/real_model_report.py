@@ -61,6 +61,7 @@ CELLS = [
     *[(m, 4, 4) for m in ("self_extend", "rerope", "none", "leaky_rerope", "dynamic_yarn", "ntk_by_parts")],
     *[(m, 2, 7) for m in ("leaky_rerope", "dynamic_yarn", "ntk_by_parts", "ntk", "part_ntk", "dynamic", "linear")],
     *[(m, 4, 4) for m in ("ntk", "part_ntk", "dynamic", "linear")],
+    ("lora", 2, 7),  # an adapter trained for 4x, read at 8k and 16k: the 2x three-key target after fine-tuning
 ]
 # single-key cells "method:factor:1key" (method, factor, prompts of 1 key): the classic probe, one forward each, at
 # s x L0 only; they separate finding a key from telling three planted keys apart (module docstring)
@@ -199,7 +200,7 @@ def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Pa
         "command": COMMAND.format(model="<smollm2>", method=rope_type, factor=factor, prompts=prompts, dtype=dtype)
         + loading.rope_param_flags(extra)
         if method != "lora"
-        else f"python scripts/real_model_report.py --cells lora:4 --adapter {shown(adapter)} --dtype {dtype}",
+        else f"python scripts/real_model_report.py --cells lora:{factor} --adapter {shown(adapter)} --dtype {dtype}",
     }
     return [{**r, "cell_factor": factor, **extra} for r in records]
 

@@ -66,11 +66,8 @@ def near_regular(call: Call, window: int, scale: float, grad: bool):
     q_len, kv = call.query.shape[2], call.key.shape[2]
     offset, reach = kv - q_len, max(0, kv - q_len - window + 1)  # keys before ``reach`` are out of every band
     keys = near_keys(call, reach)
-    out, lses, step = (
-        Rows(call.query, call.value.shape[-1], grad),
-        [],
-        piece_rows(call.query.device, near_block(window)),
-    )
+    out, lses = Rows(call.query, call.value.shape[-1], grad), []
+    step = piece_rows(call.query.device, near_block(window))  # query rows per window piece
     for i0 in range(0, q_len, step):
         i1 = min(i0 + step, q_len)
         lo, hi = max(0, offset + i0 - window + 1), offset + i1
