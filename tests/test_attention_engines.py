@@ -2,8 +2,9 @@
 engine as it runs on CUDA, here on CPU with the CUDA kernel swapped for CPU functions of the same signature and
 meaning (``cuda_twins``: a dense one, and one that reads the block lists as compiled flex_attention does), and for
 the CUDA kernel's own code run uncompiled (flex_attention on CPU: forward only, every pair through ``mask_mod``).
-Only the kernel differs between devices (``kernels.KERNELS``), so the planning and merging are the CUDA path's.
-``scripts/mutate_cuda_path.py`` breaks the CUDA path's block lists on purpose and shows these tests fail.
+The kernel (``kernels.KERNELS``) and the rows per piece (``kernels.WHOLE_BANDS``: each band one piece on CUDA) are
+what differ between devices; the twin runs take both of CUDA's, so the planning and merging are the CUDA path's.
+``scripts/mutate_cuda_path.py`` breaks the CUDA path's block lists and plan on purpose and shows these tests fail.
 """
 
 from __future__ import annotations
