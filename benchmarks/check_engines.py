@@ -121,9 +121,8 @@ def backward_case(module, args, dtype) -> float:
 def check(args) -> list[dict]:
     AttentionInterface.register(TIMED, timed_sdpa(args.device))  # the implementation bench_attention's modules name
     records = []
-    for name, rope in TYPES.items():
-        if name == "default":
-            continue
+    for name in args.types:
+        rope = TYPES[name]
         for dtype_name in args.dtypes:
             dtype = getattr(torch, dtype_name)
             module = attention_module(rope, args.head_dim, args.device, dtype)
@@ -148,6 +147,8 @@ def parse(argv=None):
     parser.add_argument("--steps", type=int, default=3, help="decode steps")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    checked = [name for name in TYPES if name != "default"]  # plain RoPE is transformers' own call: nothing to check
+    parser.add_argument("--types", nargs="+", default=checked, choices=checked)
     parser.add_argument("--fp32-bound", type=float, default=1e-3)
     parser.add_argument("--bf16-bound", type=float, default=2**-7)
     parser.add_argument("--json", type=Path, help="write every record here")
