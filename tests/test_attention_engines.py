@@ -43,8 +43,8 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(flex, "BLOCK", 8)  # flex blocks smaller than the pieces: partly and fully allowed ones
 
 
-def module_of(name: str):
-    model = tiny_model("llama", {"rope_type": name, **PARAMS[name]}, num_hidden_layers=1)
+def module_of(name: str, **overrides):
+    model = tiny_model("llama", {"rope_type": name, **PARAMS[name], **overrides}, num_hidden_layers=1)
     return model.model.layers[0].self_attn
 
 
@@ -95,6 +95,17 @@ def outputs(module, case, kernel=None, dtype=torch.float32, grad=False, monkeypa
 @pytest.mark.parametrize("name", TYPES)
 def test_every_engine_agrees_in_float32(name, twin, case, monkeypatch):
     found = outputs(module_of(name), case, CUDA_TWINS[twin], monkeypatch=monkeypatch)
+    for engine in ("cpu", "cuda-twin"):
+        torch.testing.assert_close(found[engine][0], found["reference"][0], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("twin", sorted(CUDA_TWINS))
+def test_every_engine_agrees_on_gradual_string(twin, case, monkeypatch):
+    """STRING's ``gradual`` form (far queries never before S - 1: a far band not shifted by one constant), with a
+    ramp (m = S - 1 .. 2S - W - 1 = 8..15) inside the 40 tokens."""
+    module = module_of("string", window=9, local_window=2, gradual=True)
+    found = outputs(module, case, CUDA_TWINS[twin], monkeypatch=monkeypatch)
     for engine in ("cpu", "cuda-twin"):
         torch.testing.assert_close(found[engine][0], found["reference"][0], rtol=0, atol=1e-5)
 

@@ -1,5 +1,7 @@
 """``string`` (STRING, arXiv 2410.18745) against its paper: the position matrix written entry by entry, attention
-computed from it pair by pair in float64 (nothing shared with the engines), and its bad input refused."""
+computed from it pair by pair in float64 (nothing shared with the engines), and its bad input refused; the
+package's ``gradual`` form (the shift growing with the query) the same way and with a cache (every engine:
+``test_attention_engines.py``)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,35 @@ def test_attention_equals_the_paper_position_matrix(shift, local, implementation
     rope = {"rope_type": "string", "window": shift, "local_window": local}
     got, expected = layer_output_and_reference(rope, implementation, paper_positions(LENGTH, shift, local), seed=3)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def ramp_positions(length: int, shift: int, local: int) -> torch.Tensor:
+    """``gradual``: m - n below S; from S on m - n less a shift that grows with the query, min(m - S + 1, S - W)."""
+    rows = [[(m - n if m - n < shift else m - n - min(m - shift + 1, shift - local)) if n <= m else 0
+             for n in range(length)] for m in range(length)]  # fmt: skip
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("shift, local", [(5, 2), (7, 0), (3, 2), (9, 8), (12, 3)])
+def test_gradual_attention_equals_the_ramp_position_matrix(shift, local, implementation):
+    rope = {"rope_type": "string", "window": shift, "local_window": local, "gradual": True}
+    got, expected = layer_output_and_reference(rope, implementation, ramp_positions(LENGTH, shift, local), seed=3)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_the_ramp_keeps_far_keys_far_until_the_shift_is_full():
+    """With S = 8 and W = 2 (an L0 of 8): no distance reaches S until m = 2S - W - 1 = 13, the first key stays at
+    S - 1 meanwhile, and from m = 13 on the rows are the paper's."""
+    ramp, paper = ramp_positions(20, 8, 2), paper_positions(20, 8, 2)
+    assert ramp[:14].max() == 7 and ramp[8:14, 0].tolist() == [7] * 6 and paper[8, 0] == 2
+    assert torch.equal(ramp[:8], paper[:8]) and torch.equal(ramp[13:], paper[13:]) and not torch.equal(ramp, paper)
+
+
+@pytest.mark.parametrize("value", ["yes", 1.5])
+def test_gradual_takes_true_or_false(value):
+    with pytest.raises((ValueError, StrictDataclassError), match="gradual"):
+        tiny_config(rope_parameters={"rope_type": "string", "window": 8, "local_window": 2, "gradual": value})
 
 
 def test_the_position_matrix_reuses_small_distances():
@@ -56,11 +87,13 @@ def test_frequencies_and_their_factor_come_together(given):
         tiny_config(rope_parameters={"rope_type": "string", "window": 8, "local_window": 2, **given})
 
 
+@pytest.mark.parametrize("gradual", [False, True])
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_frequencies_underneath_keep_the_cache_exact(implementation):
+def test_frequencies_underneath_keep_the_cache_exact(implementation, gradual):
     """Greedy decoding past the shift with yarn underneath: each step's logits with the cache equal a recompute of
-    the whole sequence without one."""
-    rope = {"rope_type": "string", "window": 7, "local_window": 2, "frequencies": "yarn", "frequency_factor": 2.0}
+    the whole sequence without one (gradual: the 5 steps inside the ramp, which ends at m = 2S - W - 1 = 24)."""
+    rope = {"rope_type": "string", "window": 13 if gradual else 7, "local_window": 2, "gradual": gradual,
+            "frequencies": "yarn", "frequency_factor": 2.0}  # fmt: skip
     model = tiny_model("llama", rope, attn_implementation=implementation)
     ids = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():

@@ -12,6 +12,12 @@ code also multiplies cos and sin by 0.1 ln 2 + 1 (here ``attention_temperature="
 (``window_size=[S, 0]`` beside the shifted causal piece); this follows the paper's position matrix, where each key
 has one distance.
 
+``gradual=True`` (this package's, not the authors'): the far band's query is never placed before S - 1, i.e. the
+shift grows with the query, min(m - S + 1, S - W), one position per token from 0 until it is S - W. A key crossing
+the shift then stays S - 1 or more back until the shift is full, where the paper's form moves it from S - 1 to W at
+once; from m = 2S - W - 1 on both are the same. With S = L0 an input a few tokens past L0 (a prompt of L0 tokens
+and its question) keeps its first tokens at the far end of the trained distances, not W back.
+
 Alone, the largest distance at N tokens is N - S + W, within L0 only up to N = L0 + S - W (about 1.3x with the
 authors' S). For more, ``frequencies`` puts a frequency-level type underneath (``ntk``, ``ntk_by_parts``, ``yarn``
 at ``frequency_factor``): the shifted distances are turned by its theta_i, as the authors' code turns them by a
@@ -42,9 +48,19 @@ LOCAL_WINDOW = Param(
 )
 
 
+GRADUAL = Param(
+    default=False,
+    kind="bool",
+    help="the shift grows with the query, min(m - window + 1, window - local_window): far keys stay window - 1 "
+    "or more back until it is full (false: the paper's, the whole shift at once)",
+)
+
+
 def far_query(m: Tensor, params: dict) -> Tensor:
-    """m - S + W: the query moved back by S - W."""
-    return m - (int(params["window"]) - int(params["local_window"]))
+    """m - S + W: the query moved back by S - W; gradual: never before S - 1 (m [B, L] int64)."""
+    shift = int(params["window"])
+    moved = m - (shift - int(params["local_window"]))
+    return moved.clamp(min=shift - 1) if params.get("gradual") else moved
 
 
 def far_key(n: Tensor, params: dict) -> Tensor:
@@ -70,7 +86,7 @@ METHOD = register(
         name="string",
         kind="attention",
         frequencies=plain_frequencies,
-        params={**WINDOWED, "local_window": LOCAL_WINDOW, **TEMPERATURE, **UNDERNEATH},
+        params={**WINDOWED, "local_window": LOCAL_WINDOW, "gradual": GRADUAL, **TEMPERATURE, **UNDERNEATH},
         summary="STRING: distance m-n below window (the shift S), m-n-window+local_window beyond",
         check=check_string,
         families=FAMILIES,
