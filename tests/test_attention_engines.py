@@ -99,12 +99,13 @@ def test_every_engine_agrees_in_float32(name, twin, case, monkeypatch):
         torch.testing.assert_close(found[engine][0], found["reference"][0], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("ramp", [3, 7])
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("twin", sorted(CUDA_TWINS))
-def test_every_engine_agrees_on_gradual_string(twin, case, monkeypatch):
-    """STRING's ``gradual`` form (far queries never before S - 1: a far band not shifted by one constant), with a
-    ramp (m = S - 1 .. 2S - W - 1 = 8..15) inside the 40 tokens."""
-    module = module_of("string", window=9, local_window=2, gradual=True)
+def test_every_engine_agrees_on_string_with_a_ramp(twin, case, ramp, monkeypatch):
+    """STRING's ``ramp`` (the far band's query moved back by a shift that grows with m, not by one constant), the
+    ramp (m = S - 1 .. S - 1 + R) inside the 40 tokens."""
+    module = module_of("string", window=9, local_window=2, ramp=ramp)
     found = outputs(module, case, CUDA_TWINS[twin], monkeypatch=monkeypatch)
     for engine in ("cpu", "cuda-twin"):
         torch.testing.assert_close(found[engine][0], found["reference"][0], rtol=0, atol=1e-5)

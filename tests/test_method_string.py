@@ -1,6 +1,6 @@
 """``string`` (STRING, arXiv 2410.18745) against its paper: the position matrix written entry by entry, attention
 computed from it pair by pair in float64 (nothing shared with the engines), and its bad input refused; the
-package's ``gradual`` form (the shift growing with the query) the same way and with a cache (every engine:
+package's ``ramp`` (the shift growing with the query) the same way and with a cache (every engine:
 ``test_attention_engines.py``)."""
 
 from __future__ import annotations
@@ -30,33 +30,35 @@ def test_attention_equals_the_paper_position_matrix(shift, local, implementation
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
-def ramp_positions(length: int, shift: int, local: int) -> torch.Tensor:
-    """``gradual``: m - n below S; from S on m - n less a shift that grows with the query, min(m - S + 1, S - W)."""
-    rows = [[(m - n if m - n < shift else m - n - min(m - shift + 1, shift - local)) if n <= m else 0
-             for n in range(length)] for m in range(length)]  # fmt: skip
+def ramp_positions(length: int, shift: int, local: int, ramp: int) -> torch.Tensor:
+    """``ramp`` R: m - n below S; from S on m - n less a shift that grows with the query over R positions,
+    floor((m - S + 1)(S - W) / R) until it is S - W."""
+    rows = [[(m - n if m - n < shift else m - n - min((m - shift + 1) * (shift - local) // ramp, shift - local))
+             if n <= m else 0 for n in range(length)] for m in range(length)]  # fmt: skip
     return torch.tensor(rows, dtype=torch.float64)
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-@pytest.mark.parametrize("shift, local", [(5, 2), (7, 0), (3, 2), (9, 8), (12, 3)])
-def test_gradual_attention_equals_the_ramp_position_matrix(shift, local, implementation):
-    rope = {"rope_type": "string", "window": shift, "local_window": local, "gradual": True}
-    got, expected = layer_output_and_reference(rope, implementation, ramp_positions(LENGTH, shift, local), seed=3)
+@pytest.mark.parametrize("shift, local, ramp", [(5, 2, 3), (7, 0, 7), (7, 1, 4), (7, 1, 20), (3, 2, 1), (12, 3, 9)])
+def test_a_ramp_equals_its_position_matrix(shift, local, ramp, implementation):
+    rope = {"rope_type": "string", "window": shift, "local_window": local, "ramp": ramp}
+    got, expected = layer_output_and_reference(rope, implementation, ramp_positions(LENGTH, shift, local, ramp), 3)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
-def test_the_ramp_keeps_far_keys_far_until_the_shift_is_full():
-    """With S = 8 and W = 2 (an L0 of 8): no distance reaches S until m = 2S - W - 1 = 13, the first key stays at
-    S - 1 meanwhile, and from m = 13 on the rows are the paper's."""
-    ramp, paper = ramp_positions(20, 8, 2), paper_positions(20, 8, 2)
+def test_a_ramp_of_s_minus_w_keeps_far_keys_far_until_the_shift_is_full():
+    """With S = 8, W = 2 and R = 6 (an L0 of 8): no distance reaches S until m = 2S - W - 1 = 13, the first key stays
+    at S - 1 meanwhile, and from m = 13 on the rows are the paper's; a ramp of 1 is the paper's but at m = S - 1."""
+    ramp, paper = ramp_positions(20, 8, 2, 6), paper_positions(20, 8, 2)
     assert ramp[:14].max() == 7 and ramp[8:14, 0].tolist() == [7] * 6 and paper[8, 0] == 2
     assert torch.equal(ramp[:8], paper[:8]) and torch.equal(ramp[13:], paper[13:]) and not torch.equal(ramp, paper)
+    assert torch.equal(ramp_positions(20, 8, 2, 1), paper)
 
 
-@pytest.mark.parametrize("value", ["yes", 1.5])
-def test_gradual_takes_true_or_false(value):
-    with pytest.raises((ValueError, StrictDataclassError), match="gradual"):
-        tiny_config(rope_parameters={"rope_type": "string", "window": 8, "local_window": 2, "gradual": value})
+@pytest.mark.parametrize("value", ["yes", 1.5, -1])
+def test_a_ramp_is_a_whole_number_of_positions(value):
+    with pytest.raises((ValueError, StrictDataclassError), match="ramp"):
+        tiny_config(rope_parameters={"rope_type": "string", "window": 8, "local_window": 2, "ramp": value})
 
 
 def test_the_position_matrix_reuses_small_distances():
@@ -87,12 +89,12 @@ def test_frequencies_and_their_factor_come_together(given):
         tiny_config(rope_parameters={"rope_type": "string", "window": 8, "local_window": 2, **given})
 
 
-@pytest.mark.parametrize("gradual", [False, True])
+@pytest.mark.parametrize("ramp", [0, 7])
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_frequencies_underneath_keep_the_cache_exact(implementation, gradual):
+def test_frequencies_underneath_keep_the_cache_exact(implementation, ramp):
     """Greedy decoding past the shift with yarn underneath: each step's logits with the cache equal a recompute of
-    the whole sequence without one (gradual: the 5 steps inside the ramp, which ends at m = 2S - W - 1 = 24)."""
-    rope = {"rope_type": "string", "window": 13 if gradual else 7, "local_window": 2, "gradual": gradual,
+    the whole sequence without one (a ramp: the 5 steps m = 20..24 inside it, which ends at m = S - 1 + R = 19 + 7)."""
+    rope = {"rope_type": "string", "window": 20 if ramp else 7, "local_window": 2, "ramp": ramp,
             "frequencies": "yarn", "frequency_factor": 2.0}  # fmt: skip
     model = tiny_model("llama", rope, attn_implementation=implementation)
     ids = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(6))

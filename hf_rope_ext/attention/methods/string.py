@@ -12,11 +12,12 @@ code also multiplies cos and sin by 0.1 ln 2 + 1 (here ``attention_temperature="
 (``window_size=[S, 0]`` beside the shifted causal piece); this follows the paper's position matrix, where each key
 has one distance.
 
-``gradual=True`` (this package's, not the authors'): the far band's query is never placed before S - 1, i.e. the
-shift grows with the query, min(m - S + 1, S - W), one position per token from 0 until it is S - W. A key crossing
-the shift then stays S - 1 or more back until the shift is full, where the paper's form moves it from S - 1 to W at
-once; from m = 2S - W - 1 on both are the same. With S = L0 an input a few tokens past L0 (a prompt of L0 tokens
-and its question) keeps its first tokens at the far end of the trained distances, not W back.
+``ramp`` = R > 0 (this package's, not the authors'): the shift grows with the query over R positions,
+min(S - W, floor((m - S + 1)(S - W) / R)), instead of all at once (R = 0, the paper's). A key crossing S then moves
+back gradually, not from S - 1 to W in one step; from m = S - 1 + R on both are the same. With S = L0 and
+R = S - W the shift grows one position per token, so no distance reaches L0 before m = 2 L0 - W - 1 and an input a
+few tokens past L0 (a prompt of L0 tokens and its question) keeps its first tokens at the far end of the trained
+distances, not W back.
 
 Alone, the largest distance at N tokens is N - S + W, within L0 only up to N = L0 + S - W (about 1.3x with the
 authors' S). For more, ``frequencies`` puts a frequency-level type underneath (``ntk``, ``ntk_by_parts``, ``yarn``
@@ -48,19 +49,22 @@ LOCAL_WINDOW = Param(
 )
 
 
-GRADUAL = Param(
-    default=False,
-    kind="bool",
-    help="the shift grows with the query, min(m - window + 1, window - local_window): far keys stay window - 1 "
-    "or more back until it is full (false: the paper's, the whole shift at once)",
+RAMP = Param(
+    default=0,
+    kind="int",
+    minimum=0,
+    help="R: the shift grows over R query positions from S - 1 on, min(S - W, floor((m - S + 1)(S - W) / R)); "
+    "0: all at once (the paper's)",
 )
 
 
 def far_query(m: Tensor, params: dict) -> Tensor:
-    """m - S + W: the query moved back by S - W; gradual: never before S - 1 (m [B, L] int64)."""
-    shift = int(params["window"])
-    moved = m - (shift - int(params["local_window"]))
-    return moved.clamp(min=shift - 1) if params.get("gradual") else moved
+    """m - S + W: the query moved back by S - W; with a ramp R, by its share of it (m [B, L] int64)."""
+    shift, full, ramp = int(params["window"]), int(params["window"]) - int(params["local_window"]), params.get("ramp")
+    if not ramp:
+        return m - full
+    grown = (m - shift + 1).clamp(min=0) * full  # the ramp's progress times the full shift
+    return m - grown.div(int(ramp), rounding_mode="floor").clamp(max=full)
 
 
 def far_key(n: Tensor, params: dict) -> Tensor:
@@ -86,7 +90,7 @@ METHOD = register(
         name="string",
         kind="attention",
         frequencies=plain_frequencies,
-        params={**WINDOWED, "local_window": LOCAL_WINDOW, "gradual": GRADUAL, **TEMPERATURE, **UNDERNEATH},
+        params={**WINDOWED, "local_window": LOCAL_WINDOW, "ramp": RAMP, **TEMPERATURE, **UNDERNEATH},
         summary="STRING: distance m-n below window (the shift S), m-n-window+local_window beyond",
         check=check_string,
         families=FAMILIES,
