@@ -71,6 +71,7 @@ NEWER = ("dual_chunk", "dual_chunk+log", "string", "string+constant", "self_exte
 SINGLE += [(m, s, 10) for s in (4, 2) for m in NEWER]
 SINGLE += [("lora", 4, 10)]  # the adapter of --adapter, merged into its base
 CELLS += [(m, s, 7 if s == 2 else 4) for s in (4, 2) for m in NEWER]
+CELLS += [("rerope+log", 4, 4)]  # an older attention-level type with the temperature too
 TEMPERATURES = ("log", "constant")
 ADAPTER = Path(__file__).resolve().parent.parent / "examples" / "smollm2-yarn4-pose-lora"
 FAR_STRIDE = 1024
