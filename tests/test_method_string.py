@@ -48,7 +48,7 @@ def test_a_ramp_equals_its_position_matrix(shift, local, ramp, implementation):
 
 def test_a_ramp_of_s_minus_w_keeps_far_keys_far_until_the_shift_is_full():
     """With S = 8, W = 2 and R = 6 (an L0 of 8): no distance reaches S until m = 2S - W - 1 = 13, the first key stays
-    at S - 1 meanwhile, and from m = 13 on the rows are the paper's; a ramp of 1 is the paper's but at m = S - 1."""
+    at S - 1 meanwhile, and from m = 13 on the rows are the paper's; a ramp of 1 is the paper's form."""
     ramp, paper = ramp_positions(20, 8, 2, 6), paper_positions(20, 8, 2)
     assert ramp[:14].max() == 7 and ramp[8:14, 0].tolist() == [7] * 6 and paper[8, 0] == 2
     assert torch.equal(ramp[:8], paper[:8]) and torch.equal(ramp[13:], paper[13:]) and not torch.equal(ramp, paper)

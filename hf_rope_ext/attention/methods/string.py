@@ -60,7 +60,8 @@ RAMP = Param(
 
 def far_query(m: Tensor, params: dict) -> Tensor:
     """m - S + W: the query moved back by S - W; with a ramp R, by its share of it (m [B, L] int64)."""
-    shift, full, ramp = int(params["window"]), int(params["window"]) - int(params["local_window"]), params.get("ramp")
+    shift, ramp = int(params["window"]), params.get("ramp")
+    full = shift - int(params["local_window"])
     if not ramp:
         return m - full
     grown = (m - shift + 1).clamp(min=0) * full  # the ramp's progress times the full shift
