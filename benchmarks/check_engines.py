@@ -15,7 +15,8 @@ the reference engine (``"eager"``: dense scores) run in float32 on the same inpu
 The error is max |fast - reference| / max |reference| over the output (or each gradient). A float32 error above
 ``--fp32-bound`` (default 1e-3: the TF32 products a GPU kernel may use) or a bfloat16 one above ``--bf16-bound``
 (default 2^-7, two bfloat16 steps), twice that for gradients, is printed as FAIL, and the script exits 1 after the
-whole table.
+whole table. On CUDA the check is of the compiled kernel: a call that dynamo would run uncompiled (past the
+package's recompile limit, ``flex.RECOMPILE_LIMIT``) stops the script with dynamo's error instead.
 """
 
 from __future__ import annotations
@@ -157,6 +158,8 @@ def parse(argv=None):
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.device.startswith("cuda"):  # an unfused fallback would pass the comparison and hide the kernel's errors
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
     records = check(args)
     failed = [r for r in records if r["error"] > r["bound"]]
     if args.json:

@@ -99,6 +99,12 @@ MUTATIONS = [
         "2**62 if False",
     ),
     ("gradients through torch's sdpa (one-band types)", SINGLE, "and offset == 0 and not grad:", "and offset == 0:"),
+    (
+        "compiled flex under dynamo's default recompile limit (unfused past 8 variants)",
+        FLEX,
+        "return flex_kernel(with_recompile_limit(torch.compile(flex_attention, dynamic=True)))",
+        "return flex_kernel(torch.compile(flex_attention, dynamic=True))",
+    ),
 ]
 
 
