@@ -69,9 +69,10 @@ SINGLE = [(m, 2, 10) for m in ("rerope", "self_extend", "yarn", "none")] + [(m, 
 # the newer training-free methods, alone and with an attention temperature: the classic probe first (cheapest)
 NEWER = ("dual_chunk", "dual_chunk+log", "string", "string+constant", "self_extend+log")
 SINGLE += [(m, s, 10) for s in (4, 2) for m in NEWER]
-SINGLE += [("lora", 4, 10)]  # the adapter of --adapter, merged into its base
+SINGLE += [("lora", 4, 10), ("lora", 2, 10)]  # the adapter of --adapter, merged into its base
 CELLS += [(m, s, 7 if s == 2 else 4) for s in (4, 2) for m in NEWER]
 CELLS += [("rerope+log", 4, 4)]  # an older attention-level type with the temperature too
+CELLS += [("string+log", 4, 4)]  # STRING at 4x with the temperature of DCA and Qwen
 TEMPERATURES = ("log", "constant")
 ADAPTER = Path(__file__).resolve().parent.parent / "examples" / "smollm2-yarn4-pose-lora"
 FAR_STRIDE = 1024

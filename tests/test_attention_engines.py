@@ -18,7 +18,7 @@ from cuda_twins import block_list_kernel, dense_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_rope_ext.attention import function
-from hf_rope_ext.attention.engine import fast, flex, kernels, masked, rotated_cache, single_band, two_band
+from hf_rope_ext.attention.engine import fast, flex, kernels, lse, masked, rotated_cache, single_band, two_band
 from hf_rope_ext.attention.engine.piece import Piece
 from hf_rope_ext.attention.methods.form import PLAIN
 from hf_rope_ext.types import registry
@@ -335,3 +335,36 @@ def test_the_cuda_kernel_calls_compiled_flex_under_the_raised_limit(monkeypatch)
     q = k = v = torch.randn(1, 2, 8, 16)
     out, lse = flex.compiled_flex_kernel.__wrapped__()(q, k, v, Piece(0, 0, 0), 0.25)
     assert seen == [flex.RECOMPILE_LIMIT] and out.shape == q.shape and lse.shape == q.shape[:3]
+
+
+class LargestFloat32(TorchDispatchMode):
+    """Records the largest number of elements of any float32 tensor an operation returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_an_in_place_half_precision_merge_works_a_slice_of_rows_at_a_time(dtype, monkeypatch):
+    """Without autograd a bf16/fp16 merge writes into the first output slice by slice (100 rows, 7 a slice: 15
+    slices, the last of 2 rows), never holding a float32 tensor of more than MERGE_ELEMENTS, and equals the
+    out-of-place merge bit for bit; rows empty in one piece (lse -inf) take the other's output."""
+    monkeypatch.setattr(lse, "MERGE_ELEMENTS", 1000)
+    generator = torch.Generator().manual_seed(0)
+    o1, o2 = (torch.randn(1, 2, 100, 64, generator=generator).to(dtype) for _ in range(2))
+    l1, l2 = (torch.randn(1, 2, 100, generator=generator) for _ in range(2))
+    l1[0, 0, :5] = -torch.inf
+    expected, expected_lse = lse.merge((o1, l1), (o2, l2))
+    with LargestFloat32() as mode:
+        got, got_lse = lse.merge((o1.clone(), l1), (o2, l2), inplace=True)
+    assert mode.largest <= 1000 < o1.numel()
+    assert torch.equal(got, expected) and torch.equal(got_lse, expected_lse)
+    assert torch.equal(got[0, 0, :5], o2[0, 0, :5])
