@@ -16,7 +16,7 @@
 # 3. the real-model pass key at 32k (scripts/real_model_report.py, issue 24): see the HOOK line below.
 # Then benchmarks/gpu_report.py gathers them into one JSON and one markdown table. Without a CUDA device it stops
 # at once with a message and exit status 2, measuring nothing. PYTHON picks the interpreter (default .venv/bin/python).
-# GPU_LEASE=1 fits the whole script into about 9 minutes of a lent machine: each part under a time limit (a part
+# GPU_LEASE=1 fits the whole script into about 11 minutes of a lent machine: each part under a time limit (a part
 # cut off keeps what it printed in OUT/*.txt and is named as not measured by the report), fine-tuning on the 1B
 # shape only, its reach searched up to 128k tokens in steps of 16k.
 set -euo pipefail
@@ -24,7 +24,11 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 LEASE=${GPU_LEASE:-0}
 FINETUNE=(--reach)
-if [ "$LEASE" = 1 ]; then FINETUNE=(--reach --shapes 1b --reach-max 131072 --reach-step 16384); fi
+ATTENTION=(--repeats 3 --lengths 8192 32768 65536 --decode 8192 32768 65536 --decode-static 8192 32768 65536)
+if [ "$LEASE" = 1 ]; then
+  FINETUNE=(--reach --shapes 1b --reach-max 131072 --reach-step 16384)
+  ATTENTION=(--repeats 2 --lengths 8192 32768 65536 --decode 8192 32768 --decode-static 32768)  # ~250 s on an H200
+fi
 part() {  # part SECONDS(under GPU_LEASE=1) NAME COMMAND...: run it, its output teed into OUT/NAME.txt
   local seconds=$1 name=$2
   shift 2
@@ -45,10 +49,9 @@ mkdir -p "$OUT"
 
 checked=0
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
-part 180 engines "$PY" benchmarks/check_engines.py --device cuda --json "$OUT/engines.json" || checked=$?
+part 240 engines "$PY" benchmarks/check_engines.py --device cuda --json "$OUT/engines.json" || checked=$?
 
-part 240 attention "$PY" benchmarks/bench_attention.py --device cuda --head-dims 128 --dtypes bfloat16 --repeats 3 \
-  --lengths 8192 32768 65536 --decode 8192 32768 65536 --decode-static 8192 32768 65536 \
+part 300 attention "$PY" benchmarks/bench_attention.py --device cuda --head-dims 128 --dtypes bfloat16 "${ATTENTION[@]}" \
   --json "$OUT/attention.json" || [ "$LEASE" = 1 ]
 
 part 100 finetune "$PY" benchmarks/bench_finetune_gpu.py "${FINETUNE[@]}" --json "$OUT/finetune.json" || [ "$LEASE" = 1 ]

@@ -65,7 +65,8 @@ CELLS = [
 ]
 # single-key cells "method:factor:1key" (method, factor, prompts of 1 key): the classic probe, one forward each, at
 # s x L0 only; they separate finding a key from telling three planted keys apart (module docstring)
-SINGLE = [(m, 2, 10) for m in ("rerope", "self_extend", "yarn", "none")] + [(m, 4, 10) for m in ("self_extend", "yarn")]
+SINGLE = [(m, 2, 10) for m in ("rerope", "self_extend", "yarn", "none")]
+SINGLE += [(m, 4, 10) for m in ("self_extend", "yarn", "rerope")]
 # the newer training-free methods, alone and with an attention temperature: the classic probe first (cheapest)
 NEWER = ("dual_chunk", "dual_chunk+log", "string", "string+constant", "self_extend+log")
 SINGLE += [(m, s, 10) for s in (4, 2) for m in NEWER]

@@ -75,3 +75,14 @@ def test_a_decode_step_copies_nothing_that_grows_with_the_cache():
         counter = decode_ops.last_step_ops(name, 600, 100_000, "cpu")
         assert sum(counter.ops.values()) > sum(plain.ops.values())
         assert set(counter.big) <= VIEWS, (name, dict(counter.big))
+
+
+def test_gpu_script_stops_without_cuda_and_measures_nothing(tmp_path):
+    """``benchmarks/gpu.sh`` on a machine without CUDA: exit status 2, a message naming the interpreter, no OUT."""
+    out = tmp_path / "gpu"
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_LEASE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    script = str(ROOT / "benchmarks" / "gpu.sh")
+    done = subprocess.run(["bash", script, str(out)], env=env, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert "no CUDA device here" in done.stderr and sys.executable in done.stderr
+    assert not out.exists()
