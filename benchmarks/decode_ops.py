@@ -26,17 +26,23 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_attention as bench  # noqa: E402
 
+# operations that hand a value back to Python: on a GPU each waits for every kernel queued before it (a host sync)
+SYNCS = ("aten.equal.", "aten._local_scalar_dense.", "aten.is_nonzero.", "aten.nonzero.")
+
 
 class Counted(TorchDispatchMode):
-    """Counts the operations dispatched inside it: all of them, and those returning more than ``large`` elements."""
+    """Counts the operations dispatched inside it: all of them, those returning more than ``large`` elements, and
+    those that read a value back to Python (``SYNCS``)."""
 
     def __init__(self, large: int):
         super().__init__()
         self.large, self.ops, self.big = large, collections.Counter(), collections.Counter()
+        self.syncs = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.ops[str(func)] += 1
+        self.syncs += str(func).startswith(SYNCS)
         if any(isinstance(t, torch.Tensor) and t.numel() > self.large for t in torch.utils._pytree.tree_leaves(out)):
             self.big[str(func)] += 1
         return out
@@ -66,12 +72,18 @@ def main(argv=None) -> int:
     parser.add_argument("--large", type=int, default=100_000, help="elements above which an output counts as large")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
-    print(f"| rope_type | operations per decode step (after {args.cached} tokens) | of them large | largest kinds |")
-    print("| --- | ---: | ---: | --- |")
+    print(
+        f"| rope_type | operations per decode step (after {args.cached} tokens) | of them large | host syncs "
+        "| largest kinds |"
+    )
+    print("| --- | ---: | ---: | ---: | --- |")
     for name in args.types:
         counter = last_step_ops(name, args.cached, args.large, args.device)
         kinds = ", ".join(f"{op} x{n}" for op, n in counter.big.most_common(3)) or "-"
-        print(f"| {name} | {sum(counter.ops.values())} | {sum(counter.big.values())} | {kinds} |", flush=True)
+        print(
+            f"| {name} | {sum(counter.ops.values())} | {sum(counter.big.values())} | {counter.syncs} | {kinds} |",
+            flush=True,
+        )
     return 0
 
 
