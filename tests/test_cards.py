@@ -154,3 +154,23 @@ def test_bad_input(extended, tmp_path):
     with pytest.raises(NotADirectoryError):
         write_model_card(tmp_path / "missing", kind="extended")
     assert not (folder / "README.md").exists()
+
+
+SHIPPED_EXAMPLES = sorted(p.parent for p in (ROOT / "examples").glob("*/adapter_config.json"))
+
+
+@pytest.mark.parametrize("folder", SHIPPED_EXAMPLES, ids=lambda p: p.name)
+def test_a_shipped_adapter_names_no_path_of_the_machine_that_trained_it(folder):
+    """examples/*: the adapter's base is the Hub name of SmolLM2 (``smollm2.BASE``), and no card or config names a
+    folder of the training machine (a user's clone has none of them); the card parses and says how it was measured."""
+    import json
+
+    from hf_rope_ext.store import smollm2
+
+    assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == smollm2.BASE
+    for name in ("README.md", "adapter_config.json", "config.json"):
+        text = (folder / name).read_text(encoding="utf-8")
+        assert not re.search(r"(/root/|/work/|/tmp/|/home/|[A-Z]:\\\\)", text), (name, folder.name)
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.base_model == smollm2.BASE and card.data.license == "apache-2.0"
+    assert "\n## Measured\n" in card.text and "scripts/real_model_report.py" in card.text
