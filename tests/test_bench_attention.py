@@ -74,8 +74,8 @@ def test_a_decode_step_copies_nothing_that_grows_with_the_cache():
     plain = decode_ops.last_step_ops("default", 600, 100_000, "cpu")
     assert sum(plain.ops.values()) <= 5 and plain.syncs == 0
     with decode_ops.Counted(10) as counted:  # the host-sync count sees a value read back, not a plain operation
-        torch.equal(torch.ones(3), torch.ones(3) + 0)
-        bool(torch.ones(1).sum() > 0)
+        assert torch.equal(torch.ones(3), torch.ones(3) + 0)
+        assert bool(torch.ones(1).sum() > 0)
     assert counted.syncs == 2 and sum(counted.ops.values()) > 2
     for name in ("rerope", "self_extend", "xpos", "roper", "string", "dual_chunk"):
         counter = decode_ops.last_step_ops(name, 600, 100_000, "cpu")
