@@ -28,7 +28,7 @@ def merge(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Ten
 
     A row empty in one set (lse -inf, its output finite: the kernel writes 0) takes the other's output; a row
     empty in both gives 0. Weights in float32; the output in a's dtype. ``inplace`` (no autograd): written into
-    a's output (float32 outputs only; others take the float32 path and are copied back).
+    a's output (half-precision outputs computed in float32 a slice of rows at a time: ``merge_into``).
     """
     (o1, l1), (o2, l2) = a, b
     w1, w2, lse = merge_weights(l1, l2)
