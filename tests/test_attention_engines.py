@@ -198,16 +198,16 @@ def test_cuda_twin_decode_steps_equal_the_reference(name, twin, monkeypatch):
 
 
 class LargestTensor(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an operation returns."""
+    """Records the largest number of elements of any tensor an operation returns (of ``dtype`` only, if given)."""
 
-    def __init__(self):
+    def __init__(self, dtype=None):
         super().__init__()
-        self.largest = 0
+        self.largest, self.dtype = 0, dtype
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in torch.utils._pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and self.dtype in (None, t.dtype):
                 self.largest = max(self.largest, t.numel())
         return out
 
@@ -337,21 +337,6 @@ def test_the_cuda_kernel_calls_compiled_flex_under_the_raised_limit(monkeypatch)
     assert seen == [flex.RECOMPILE_LIMIT] and out.shape == q.shape and lse.shape == q.shape[:3]
 
 
-class LargestFloat32(TorchDispatchMode):
-    """Records the largest number of elements of any float32 tensor an operation returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_an_in_place_half_precision_merge_works_a_slice_of_rows_at_a_time(dtype, monkeypatch):
     """Without autograd a bf16/fp16 merge writes into the first output slice by slice (100 rows, 7 a slice: 15
@@ -363,7 +348,7 @@ def test_an_in_place_half_precision_merge_works_a_slice_of_rows_at_a_time(dtype,
     l1, l2 = (torch.randn(1, 2, 100, generator=generator) for _ in range(2))
     l1[0, 0, :5] = -torch.inf
     expected, expected_lse = lse.merge((o1, l1), (o2, l2))
-    with LargestFloat32() as mode:
+    with LargestTensor(torch.float32) as mode:
         got, got_lse = lse.merge((o1.clone(), l1), (o2, l2), inplace=True)
     assert mode.largest <= 1000 < o1.numel()
     assert torch.equal(got, expected) and torch.equal(got_lse, expected_lse)
