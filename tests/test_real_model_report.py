@@ -131,3 +131,24 @@ def test_a_ruler_answer_is_sorted_by_where_its_number_comes_from(answer, kind):
     answers = load_script("ruler_answers")
     prompt = "One of the special magic numbers for apple is: 7771611. ... for pear is: 8734194. Page 123456789."
     assert answers.source(answer, ["8734194"], prompt) == kind
+
+
+@pytest.mark.parametrize(
+    "answer, asked, kind",
+    [
+        (" 46866", 65683, "key nearer the question"),  # planted after the key asked
+        (" 46044", 68239, "key farther back"),
+        (" 24933.", 46044, "key nearer the question"),
+        (" 48597", 48503, "key copied wrong"),  # the first three digits of a key of the prompt
+        (" 2492.", 46044, "key copied wrong"),  # 24933's
+        (" 12345", 46044, "other number"),
+        (" 93760", 46044, "other number"),  # a key of another prompt is not one of this prompt's
+        (" blue. The pass key of", 46044, "no number"),
+    ],
+)
+def test_a_three_key_miss_is_sorted_by_where_its_number_comes_from(answer, asked, kind):
+    """scripts/multikey_misses.py: a miss's first number against the keys of its own prompt, in planted order."""
+    misses = load_script("multikey_misses")
+    prompt = misses.prompts_of(12)
+    assert prompt[46044] == [46044, 68239, 24933] and prompt[65683] == [65683, 34101, 46866]
+    assert misses.kind(answer, asked, prompt[asked]) == kind
