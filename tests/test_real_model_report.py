@@ -142,6 +142,7 @@ def test_a_ruler_answer_is_sorted_by_where_its_number_comes_from(answer, kind):
         (" 48597", 48503, "key copied wrong"),  # the first three digits of a key of the prompt
         (" 2492.", 46044, "key copied wrong"),  # 24933's
         (" 12345", 46044, "other number"),
+        (" 48897", 48503, "other number"),  # two digits of a key are not a copy of it
         (" 93760", 46044, "other number"),  # a key of another prompt is not one of this prompt's
         (" blue. The pass key of", 46044, "no number"),
     ],
