@@ -5,10 +5,10 @@
 
 For every record of ``--results`` (default ``docs/results/real-model/results.json``, written by
 ``scripts/real_model_report.py``) with three keys a prompt, the prompts' keys are drawn again as
-``hf_rope_ext.eval.multikey.multikey_accuracy`` draws them (seed 0, three a prompt, planted in that order from the
-start of the prompt to its end) and each miss's first number of 4 or more digits is sorted into: another key of the
-same prompt planted after the one asked (nearer the question) or before it (farther back), a number sharing its
-first three digits with a key of the prompt (a key copied wrong), another number, or no number.
+``hf_rope_ext.eval.multikey.multikey_accuracy`` draws them (its ``prompt_keys``, seed 0, three a prompt, planted in
+that order from the start of the prompt to its end) and each miss's first number of 4 or more digits is sorted
+into: another key of the same prompt planted after the one asked (nearer the question) or before it (farther back),
+a number sharing its first three digits with a key of the prompt (a key copied wrong), another number, or no number.
 """
 
 from __future__ import annotations
@@ -19,31 +19,29 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from hf_rope_ext.eval.multikey import DEFAULT_KEYS, passkeys
+from hf_rope_ext.eval.multikey import DEFAULT_KEYS, prompt_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("key nearer the question", "key farther back", "key copied wrong", "other number", "no number")
 
 
-def kind(answer: str, asked: int, prompt_keys: list[int]) -> str:
+def kind(answer: str, asked: int, planted: list[int]) -> str:
     """The kind (one of ``KINDS``) of a miss: ``answer``'s first number against the keys of its prompt, in the
     order they are planted (``asked`` among them)."""
     found = re.findall(r"\d{4,}", answer)
     if not found:
         return "no number"
     number = int(found[0])
-    if number in prompt_keys and number != asked:
-        later = prompt_keys.index(number) > prompt_keys.index(asked)
+    if number in planted and number != asked:
+        later = planted.index(number) > planted.index(asked)
         return KINDS[0] if later else KINDS[1]
-    copied = any(str(k)[:3] == found[0][:3] for k in prompt_keys)
+    copied = any(str(k)[:3] == found[0][:3] for k in planted)
     return "key copied wrong" if copied else "other number"
 
 
 def prompts_of(probes: int, keys: int = DEFAULT_KEYS) -> dict[int, list[int]]:
     """Each key of a record of ``probes`` probes -> the keys of its prompt, in the order they are planted."""
-    drawn = passkeys(probes, 0)
-    groups = [drawn[i : i + keys] for i in range(0, probes, keys)]
-    return {key: group for group in groups for key in group}
+    return {key: group for group in prompt_keys(probes // keys, keys) for key in group}
 
 
 def main() -> None:

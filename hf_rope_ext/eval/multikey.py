@@ -124,14 +124,19 @@ def probe_prompt(model, tokenizer, length: int, keys: list[int], where: list[flo
     return probe_prompts(model, tokenizer, [prompt_ids(tokenizer, length, keys, where)], [keys], [where], iter)
 
 
+def prompt_keys(prompts: int, keys: int = DEFAULT_KEYS, seed: int = 0) -> list[list[int]]:
+    """The keys of each of ``prompts`` prompts, ``keys`` each, in the order they are planted (start to end)."""
+    drawn = passkeys(prompts * keys, seed)
+    return [drawn[p * keys : (p + 1) * keys] for p in range(prompts)]
+
+
 def multikey_accuracy(
     model, tokenizer, length: int, prompts: int = 2, keys: int = DEFAULT_KEYS, seed: int = 0, progress=True
 ) -> dict:
     """Greedy-generation accuracy over ``prompts`` prompts x ``keys`` keys at ``length`` tokens:
     ``multikey_accuracy``, ``multikey_probes``, ``multikey_by_depth`` ([[depth, accuracy], ...]) and
     ``multikey_misses`` ([[depth, key, generated text], ...])."""
-    all_keys = passkeys(prompts * keys, seed)
-    chosen = [all_keys[p * keys : (p + 1) * keys] for p in range(prompts)]
+    chosen = prompt_keys(prompts, keys, seed)
     where = [depths(keys, p, prompts) for p in range(prompts)]
     ids = [prompt_ids(tokenizer, length, k, w) for k, w in zip(chosen, where, strict=True)]
     probes = probe_prompts(
