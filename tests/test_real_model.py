@@ -134,6 +134,7 @@ SHIPPED = {  # examples/<name>: the rope type and parameters each adapter was tr
     "smollm2-yarn4-pose-lora": ("yarn", {"factor": 4.0}),
     "smollm2-yarn4-retrieval-lora": ("yarn", {"factor": 4.0}),
     "smollm2-dual-chunk-retrieval-lora": ("dual_chunk", {"chunk_size": 6144, "local_size": 512}),
+    "smollm2-self-extend-retrieval-lora": ("self_extend", {"window": 2048, "group_size": 9}),
     "smollm2-string2-retrieval-lora": (
         "string",
         {"window": 8192, "local_window": 128, "frequencies": "plain", "frequency_factor": None, "ramp": 512},
