@@ -18,11 +18,19 @@
 # at once with a message and exit status 2, measuring nothing. PYTHON picks the interpreter (default .venv/bin/python).
 # GPU_LEASE=1 fits the whole script into about 11 minutes of a lent machine: each part under a time limit (a part
 # cut off keeps what it printed in OUT/*.txt and is named as not measured by the report), fine-tuning on the 1B
-# shape only, its reach searched up to 128k tokens in steps of 16k.
+# shape only, its reach searched up to 128k tokens in steps of 16k. GPU_PARTS names the parts run (default
+# "engines attention finetune"; a part left out is named as not measured by the report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 LEASE=${GPU_LEASE:-0}
+PARTS=" ${GPU_PARTS:-engines attention finetune} "
+for name in $PARTS; do
+  case "$name" in engines | attention | finetune) ;; *)
+    echo "benchmarks/gpu.sh: GPU_PARTS has '$name'; allowed: engines, attention, finetune" >&2
+    exit 2 ;;
+  esac
+done
 FINETUNE=(--reach)
 ATTENTION=(--repeats 3 --lengths 8192 32768 65536 --decode 8192 32768 65536 --decode-static 8192 32768 65536)
 if [ "$LEASE" = 1 ]; then
@@ -32,6 +40,7 @@ fi
 part() {  # part SECONDS(under GPU_LEASE=1) NAME COMMAND...: run it, its output teed into OUT/NAME.txt
   local seconds=$1 name=$2
   shift 2
+  [[ "$PARTS" == *" $name "* ]] || return 0
   if [ "$LEASE" = 1 ]; then set -- timeout "$seconds" "$@"; fi
   local status=0
   "$@" 2>&1 | tee "$OUT/$name.txt" || status=$?

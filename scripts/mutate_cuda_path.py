@@ -105,6 +105,13 @@ MUTATIONS = [
         "return flex_kernel(with_recompile_limit(torch.compile(flex_attention, dynamic=True)))",
         "return flex_kernel(torch.compile(flex_attention, dynamic=True))",
     ),
+    (
+        "no block mask for a piece that cuts nothing (compiled flex's slow path on a decode step)",
+        FLEX,
+        "        return tensor_block_mask(piece.mask, batch)\n",
+        "        return tensor_block_mask(piece.mask, batch)\n"
+        "    if not piece.cuts(rows, columns):\n        return None\n",
+    ),
 ]
 
 

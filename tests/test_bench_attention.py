@@ -92,3 +92,29 @@ def test_gpu_script_stops_without_cuda_and_measures_nothing(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "no CUDA device here" in done.stderr and sys.executable in done.stderr
     assert not out.exists()
+
+
+def test_gpu_script_names_an_unknown_part_and_measures_nothing(tmp_path):
+    """``GPU_PARTS`` with a part that does not exist: exit status 2 naming it and the allowed ones, no OUT."""
+    out = tmp_path / "gpu"
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_PARTS": "engines passkey"}
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), str(out)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr
+    assert "GPU_PARTS has 'passkey'; allowed: engines, attention, finetune" in done.stderr
+    assert not out.exists()
+
+
+def test_the_decode_profile_covers_one_attention_call():
+    """benchmarks/profile_decode.py profiles the last step's attention call alone: plain RoPE's one sdpa call, and
+    ReRoPE's two (its near and far bands), on the CPU's flash op."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import profile_decode
+
+    flash = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    for name, calls in (("default", 1), ("rerope", 2)):
+        seconds, prof = profile_decode.profiled_step(name, 600, 2, "cpu")
+        counts = {e.key: e.count for e in prof.key_averages()}
+        assert seconds > 0 and counts[flash] == calls, (name, counts)
+        assert f"## {name}: wall" in profile_decode.summary(name, seconds, prof, "cpu", 3)

@@ -68,12 +68,12 @@ def tensor_block_mask(mask: torch.Tensor, batch: int) -> BlockMask:
     )
 
 
-def piece_block_mask(piece: Piece, batch: int, rows: int, columns: int, device) -> BlockMask | None:
-    """The block mask of a piece (None: every key seen)."""
+def piece_block_mask(piece: Piece, batch: int, rows: int, columns: int, device) -> BlockMask:
+    """The block mask of a piece, also of one that sees every key (every block listed as full): given no block
+    mask, compiled flex builds its own inside the graph and runs its prefill kernel on a decode step's single query
+    row, 22x slower than on a block mask given to it (1.05 ms against 47 us after 32k keys on an H200)."""
     if piece.mask is not None:
         return tensor_block_mask(piece.mask, batch)
-    if not piece.cuts(rows, columns):
-        return None
     partly, fully = range_blocks(piece, rows, columns, device)
     return BlockMask.from_kv_blocks(
         *ordered(partly),
