@@ -13,21 +13,23 @@
 #    (torch.cuda.max_memory_allocated);
 # 2. long-context LoRA fine-tuning (benchmarks/bench_finetune_gpu.py): tokens/s, MFU, peak memory at 8k and 32k,
 #    and the longest sequence a step fits (1B and 7B shapes);
-# 3. the real-model pass key at 32k (scripts/real_model_report.py, issue 24): see the HOOK line below.
+# 3. where a decode step's time goes (benchmarks/profile_decode.py): torch.profiler over one attention call after 32k
+#    cached tokens for plain RoPE, ReRoPE, xPos and Dual Chunk Attention, into OUT/profile.txt;
+# 4. the real-model pass key at 32k (scripts/real_model_report.py, issue 24): see the HOOK line below.
 # Then benchmarks/gpu_report.py gathers them into one JSON and one markdown table. Without a CUDA device it stops
 # at once with a message and exit status 2, measuring nothing. PYTHON picks the interpreter (default .venv/bin/python).
 # GPU_LEASE=1 fits the whole script into about 11 minutes of a lent machine: each part under a time limit (a part
 # cut off keeps what it printed in OUT/*.txt and is named as not measured by the report), fine-tuning on the 1B
 # shape only, its reach searched up to 128k tokens in steps of 16k. GPU_PARTS names the parts run (default
-# "engines attention finetune"; a part left out is named as not measured by the report).
+# "engines attention finetune profile"; a part left out is named as not measured by the report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 LEASE=${GPU_LEASE:-0}
-PARTS=" ${GPU_PARTS:-engines attention finetune} "
+PARTS=" ${GPU_PARTS:-engines attention finetune profile} "
 for name in $PARTS; do
-  case "$name" in engines | attention | finetune) ;; *)
-    echo "benchmarks/gpu.sh: GPU_PARTS has '$name'; allowed: engines, attention, finetune" >&2
+  case "$name" in engines | attention | finetune | profile) ;; *)
+    echo "benchmarks/gpu.sh: GPU_PARTS has '$name'; allowed: engines, attention, finetune, profile" >&2
     exit 2 ;;
   esac
 done
@@ -64,6 +66,9 @@ part 300 attention "$PY" benchmarks/bench_attention.py --device cuda --head-dims
   --json "$OUT/attention.json" || [ "$LEASE" = 1 ]
 
 part 100 finetune "$PY" benchmarks/bench_finetune_gpu.py "${FINETUNE[@]}" --json "$OUT/finetune.json" || [ "$LEASE" = 1 ]
+
+part 60 profile "$PY" benchmarks/profile_decode.py --device cuda --cached 32768 --types default rerope xpos dual_chunk \
+  || [ "$LEASE" = 1 ]
 
 # >>> HOOK real-model pass key at 32k (issue 24's scripts/real_model_report.py, which replaced real_model_passkey.py):
 # it measures on the CPU (extend.evaluate_method loads models on loading.load_model's default device) and fetches

@@ -102,7 +102,7 @@ def test_gpu_script_names_an_unknown_part_and_measures_nothing(tmp_path):
         ["bash", str(ROOT / "benchmarks" / "gpu.sh"), str(out)], env=env, capture_output=True, text=True
     )
     assert done.returncode == 2, done.stderr
-    assert "GPU_PARTS has 'passkey'; allowed: engines, attention, finetune" in done.stderr
+    assert "GPU_PARTS has 'passkey'; allowed: engines, attention, finetune, profile" in done.stderr
     assert not out.exists()
 
 
