@@ -9,6 +9,8 @@ For every record of ``--results`` (default ``docs/results/real-model/results.jso
 that order from the start of the prompt to its end) and each miss's first number of 4 or more digits is sorted
 into: another key of the same prompt planted after the one asked (nearer the question) or before it (farther back),
 a number sharing its first three digits with a key of the prompt (a key copied wrong), another number, or no number.
+The last line also counts the misses by the key asked: the first, second or third planted (the red door, the blue
+box, the green gate of every prompt).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from hf_rope_ext.eval.multikey import DEFAULT_KEYS, prompt_keys
 
 ROOT = Path(__file__).resolve().parent.parent
+PLANTED = ("first planted", "second planted", "third planted")
 KINDS = ("key nearer the question", "key farther back", "key copied wrong", "other number", "no number")
 
 
@@ -49,7 +52,7 @@ def main() -> None:
     parser.add_argument("--results", default=str(ROOT / "docs" / "results" / "real-model" / "results.json"))
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384, 32768])
     args = parser.parse_args()
-    total = Counter()
+    total, asked_as = Counter(), Counter()
     for key, records in json.loads(Path(args.results).read_text()).items():
         if key.startswith("baseline:") or ":1key" in key:
             continue
@@ -60,9 +63,11 @@ def main() -> None:
                 continue
             kinds = Counter(kind(text, asked, prompt[asked]) for _, asked, text in rec["multikey_misses"])
             total.update(kinds)
+            asked_as.update(prompt[asked].index(asked) for _, asked, _ in rec["multikey_misses"])
             shown = ", ".join(f"{k} {kinds[k]}" for k in KINDS if kinds[k])
             print(f"{rec['length']} {key}: {len(rec['multikey_misses'])} misses: {shown or '-'}")
     print("all:", ", ".join(f"{k} {total[k]}" for k in KINDS))
+    print("by the key asked:", ", ".join(f"{name} {asked_as[i]}" for i, name in enumerate(PLANTED)))
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ SINGLE += [(m, 4, 10) for m in ("self_extend", "yarn", "rerope")]
 NEWER = ("dual_chunk", "dual_chunk+log", "string", "string+constant", "self_extend+log")
 SINGLE += [(m, s, 10) for s in (4, 2) for m in NEWER]
 SINGLE += [(m, 4, 10) for m in ("rerope+log", "string+log")]  # the two other types with a 4x three-key temperature row
+SINGLE += [("leaky_rerope", s, 10) for s in (4, 2)]  # the last training-free attention-level type's classic probe
 SINGLE += [("lora", 4, 10), ("lora", 2, 10)]  # the adapter of --adapter, merged into its base
 CELLS += [(m, s, 7 if s == 2 else 4) for s in (4, 2) for m in NEWER]
 CELLS += [("rerope+log", 4, 4)]  # an older attention-level type with the temperature too
