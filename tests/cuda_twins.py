@@ -68,8 +68,6 @@ def listed_blocks(block_mask) -> torch.Tensor:
 
 
 def block_list_kernel(q, k, v, piece: Piece, scale: float):
-    """Compiled flex_attention's meaning over the CUDA kernel's own block mask (None: every key)."""
+    """Compiled flex_attention's meaning over the CUDA kernel's own block mask."""
     block_mask = flex.piece_block_mask(piece, q.shape[0], q.shape[2], k.shape[2], q.device)
-    if block_mask is None:
-        return attend_allowed(q, k, v, torch.ones(q.shape[2], k.shape[2], dtype=torch.bool), scale)
     return attend_allowed(q, k, v, listed_blocks(block_mask), scale)
