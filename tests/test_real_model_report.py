@@ -153,3 +153,20 @@ def test_a_three_key_miss_is_sorted_by_where_its_number_comes_from(answer, asked
     prompt = misses.prompts_of(12)
     assert prompt[46044] == [46044, 68239, 24933] and prompt[65683] == [65683, 34101, 46866]
     assert misses.kind(answer, asked, prompt[asked]) == kind
+
+
+def test_three_key_misses_are_counted_by_the_key_asked(tmp_path, monkeypatch, capsys):
+    """scripts/multikey_misses.py's last line: each miss counted by where the key asked was planted in its prompt."""
+    misses = load_script("multikey_misses")
+    record = {"length": 32768, "multikey_probes": 12, "multikey_misses": []}
+    record["multikey_misses"] = [[0.04, 46044, " 68239"], [0.3, 34101, " 46866"], [0.9, 46866, " 65683"]]
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"baseline:4:float32": 1.0, "m:4 float32": [record]}))
+    monkeypatch.setattr("sys.argv", ["multikey_misses.py", "--results", str(results)])
+    misses.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        lines[-2]
+        == "all: key nearer the question 2, key farther back 1, key copied wrong 0, other number 0, no number 0"
+    )
+    assert lines[-1] == "by the key asked: first planted 1, second planted 1, third planted 1"
