@@ -112,6 +112,13 @@ MUTATIONS = [
         "        return tensor_block_mask(piece.mask, batch)\n"
         "    if not piece.cuts(rows, columns):\n        return None\n",
     ),
+    (
+        "the backward's lists by key block never built",
+        FLEX,
+        "compute_q_blocks=backward,",
+        "compute_q_blocks=False,",
+    ),
+    ("the kernel asks for no backward lists", FLEX, "q.device, needs_grad(q, k, v))", "q.device)"),
 ]
 
 

@@ -19,7 +19,7 @@ import functools
 import torch
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_block_mask, flex_attention
 
-from .piece import Piece
+from .piece import Piece, needs_grad
 
 BLOCK = 128  # flex_attention's block size, rows and columns
 FAR = 2**40  # a distance beyond any sequence: stands for an unbounded end of a piece's range
@@ -48,9 +48,10 @@ def ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def range_mask_mod(piece: Piece, device):
     """flex's mask function of the piece's key range (the bounds as tensors, so a compiled kernel is reused)."""
-    offset = torch.tensor(piece.row0 - piece.column0, device=device)
-    low = torch.tensor(int(max(piece.low, -FAR)), device=device)
-    high = torch.tensor(int(min(piece.high, FAR)), device=device)
+    # torch.full writes each bound on the device (torch.tensor would copy it from the host and wait for the device)
+    offset = torch.full((), piece.row0 - piece.column0, device=device)
+    low = torch.full((), int(max(piece.low, -FAR)), device=device)
+    high = torch.full((), int(min(piece.high, FAR)), device=device)
 
     def mask_mod(b, h, a, j):
         d = a - j + offset
@@ -68,10 +69,12 @@ def tensor_block_mask(mask: torch.Tensor, batch: int) -> BlockMask:
     )
 
 
-def piece_block_mask(piece: Piece, batch: int, rows: int, columns: int, device) -> BlockMask:
+def piece_block_mask(piece: Piece, batch: int, rows: int, columns: int, device, backward: bool = False) -> BlockMask:
     """The block mask of a piece, also of one that sees every key (every block listed as full): given no block
     mask, compiled flex builds its own inside the graph, and its kernel took 22x longer on a decode step's single
-    query row than with a block mask given to it (1.05 ms against 47 us after 32k keys on an H200)."""
+    query row than with a block mask given to it (1.05 ms against 47 us after 32k keys on an H200). The lists by
+    key block that only the backward reads are built for ``backward`` only: transposing the lists took 58 of a
+    decode step's 103 operations of building the mask."""
     if piece.mask is not None:
         return tensor_block_mask(piece.mask, batch)
     partly, fully = range_blocks(piece, rows, columns, device)
@@ -81,6 +84,7 @@ def piece_block_mask(piece: Piece, batch: int, rows: int, columns: int, device) 
         BLOCK_SIZE=BLOCK,
         mask_mod=range_mask_mod(piece, device),
         seq_lengths=(rows, columns),
+        compute_q_blocks=backward,
     )
 
 
@@ -88,7 +92,7 @@ def flex_kernel(flex=flex_attention):
     """A kernel (``kernels.Kernel``) running ``flex`` (flex_attention, compiled or not) over pieces."""
 
     def kernel(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        block_mask = piece_block_mask(piece, q.shape[0], q.shape[2], k.shape[2], q.device)
+        block_mask = piece_block_mask(piece, q.shape[0], q.shape[2], k.shape[2], q.device, needs_grad(q, k, v))
         gqa = q.shape[1] != k.shape[1]
         out, aux = flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa, return_aux=AuxRequest(lse=True))
         return out, aux.lse
