@@ -8,7 +8,9 @@ cached tokens against plain sdpa's 0.15 ms (README, "GPU"). This counts them on 
 of ``bench_attention`` (32 / 8 heads, head_dim 128, bf16) steps three times on a rotating cache
 (``hf_rope_ext.rope_cache``) holding ``--cached`` random tokens, as ``bench_attention.decode`` steps it, and a
 dispatch mode counts the operations of the last step's attention call (views and slices included; those that
-return more than ``--large`` elements are counted apart: copies or work that grow with the cache).
+return more than ``--large`` elements are counted apart: copies or work that grow with the cache). On a CPU,
+``--block-masks`` also builds, for each piece, the block mask the CUDA kernel would give compiled flex
+(``flex.piece_block_mask``), so the count includes that host work too.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ import argparse
 import collections
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from hf_rope_ext.attention.engine import flex, kernels
+from hf_rope_ext.attention.engine.piece import needs_grad
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_attention as bench  # noqa: E402
@@ -48,8 +54,22 @@ class Counted(TorchDispatchMode):
         return out
 
 
-def last_step_ops(name: str, cached: int, large: int, device: str) -> Counted:
-    """The counter of the last of ``bench_attention.decode``'s three steps of ``name`` after ``cached`` tokens."""
+def with_block_masks(kernel):
+    """``kernel`` (the CPU one) building first the block mask the CUDA kernel gives flex for the piece."""
+
+    def call(q, k, v, piece, scale):
+        flex.piece_block_mask(piece, q.shape[0], q.shape[2], k.shape[2], q.device, needs_grad(q, k, v))
+        return kernel(q, k, v, piece, scale)
+
+    return call
+
+
+def last_step_ops(name: str, cached: int, large: int, device: str, block_masks: bool = False) -> Counted:
+    """The counter of the last of ``bench_attention.decode``'s three steps of ``name`` after ``cached`` tokens
+    (``block_masks``: with the CUDA kernel's block masks, on a CPU)."""
+    if block_masks:
+        with mock.patch.dict(kernels.KERNELS, cpu=with_block_masks(kernels.KERNELS["cpu"])):
+            return last_step_ops(name, cached, large, device)
     found: list[Counted] = []
 
     def attention(module, *args, **kwargs):
@@ -71,14 +91,17 @@ def main(argv=None) -> int:
     parser.add_argument("--types", nargs="+", default=list(bench.TYPES), choices=list(bench.TYPES))
     parser.add_argument("--large", type=int, default=100_000, help="elements above which an output counts as large")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--block-masks", action="store_true", help="on a CPU, also build the CUDA kernel's masks")
     args = parser.parse_args(argv)
+    if args.block_masks and args.device != "cpu":
+        parser.error(f"--block-masks counts the CUDA kernel's masks on a CPU; --device is {args.device!r}, not 'cpu'")
     print(
         f"| rope_type | operations per decode step (after {args.cached} tokens) | of them large | host syncs "
         "| largest kinds |"
     )
     print("| --- | ---: | ---: | ---: | --- |")
     for name in args.types:
-        counter = last_step_ops(name, args.cached, args.large, args.device)
+        counter = last_step_ops(name, args.cached, args.large, args.device, args.block_masks)
         kinds = ", ".join(f"{op} x{n}" for op, n in counter.big.most_common(3)) or "-"
         print(
             f"| {name} | {sum(counter.ops.values())} | {sum(counter.big.values())} | {counter.syncs} | {kinds} |",

@@ -119,6 +119,14 @@ MUTATIONS = [
         "compute_q_blocks=False,",
     ),
     ("the kernel asks for no backward lists", FLEX, "q.device, needs_grad(q, k, v))", "q.device)"),
+    (
+        "every piece given the full lists (the cut test skipped)",
+        FLEX,
+        "if not piece.cuts(rows, columns):  # every block full",
+        "if True:  # every block full",
+    ),
+    ("full lists one key block short", FLEX, "counts + column_blocks, indices", "counts + column_blocks - 1, indices"),
+    ("full lists made as inference tensors", FLEX, "torch.inference_mode(False)", "torch.inference_mode(True)"),
 ]
 
 

@@ -304,6 +304,33 @@ def test_a_piece_seeing_every_key_gets_a_block_mask_of_full_blocks(rows, columns
     assert block_mask.kv_num_blocks.tolist() == [[[0] * row_blocks]]
 
 
+class Dispatched(TorchDispatchMode):
+    """Counts the torch operations dispatched inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_decode_step_reuses_the_full_lists_of_its_shape():
+    """A decode step's pieces cut no key and meet the same block shape for BLOCK steps in a row: the next step's
+    block mask (one key more, the same blocks) dispatches no torch operation and shares the lists, with its own
+    sequence lengths. Lists first made under inference mode are ordinary tensors, so a backward may save them."""
+    flex.full_block_lists.cache_clear()
+    with torch.inference_mode():
+        first = flex.piece_block_mask(Piece(row0=41, low=0), 1, 1, 42, "cpu")  # blocks of 8: 6 key blocks
+    assert not any(t.is_inference() for t in (first.kv_num_blocks, first.kv_indices, first.full_kv_num_blocks))
+    with Dispatched() as dispatched:
+        second = flex.piece_block_mask(Piece(row0=42, low=0), 1, 1, 43, "cpu")
+    assert dispatched.count == 0
+    assert second.full_kv_indices is first.full_kv_indices and second.seq_lengths == (1, 43) != first.seq_lengths
+    assert second.full_kv_indices.tolist() == [[[list(range(6))]]]
+
+
 @pytest.mark.parametrize("grad", ["q", "k", "v", None])
 def test_the_kernel_builds_the_lists_by_key_block_only_for_a_backward(grad):
     """Only flex's backward reads the lists by key block (which query blocks each key block meets); building them took

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +82,19 @@ def test_a_decode_step_copies_nothing_that_grows_with_the_cache():
         counter = decode_ops.last_step_ops(name, 600, 100_000, "cpu")
         assert sum(counter.ops.values()) > sum(plain.ops.values())
         assert set(counter.big) <= VIEWS, (name, dict(counter.big))
+
+
+@pytest.mark.parametrize("name", ["rerope", "dual_chunk"])
+def test_the_cuda_kernels_block_masks_add_no_operation_to_a_decode_step(name):
+    """``decode_ops.py --block-masks``: a decode step's pieces cut no key, so the block masks the CUDA kernel gives
+    compiled flex reuse the lists of their shape and dispatch nothing (on an H200 building them each step took ReRoPE's
+    step from 2.5 to 5.0 ms, docs/results/gpu/70b52e5)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import decode_ops
+
+    bare = decode_ops.last_step_ops(name, 600, 100_000, "cpu")
+    masked = decode_ops.last_step_ops(name, 600, 100_000, "cpu", block_masks=True)
+    assert masked.ops == bare.ops
 
 
 def test_gpu_script_stops_without_cuda_and_measures_nothing(tmp_path):
