@@ -127,6 +127,12 @@ MUTATIONS = [
     ),
     ("full lists one key block short", FLEX, "counts + column_blocks, indices", "counts + column_blocks - 1, indices"),
     ("full lists made as inference tensors", FLEX, "torch.inference_mode(False)", "torch.inference_mode(True)"),
+    (
+        "full lists of every shape kept (a prefill's too)",
+        FLEX,
+        "(kept_full_block_lists if rows <= BLOCK else full_block_lists)(",
+        "(kept_full_block_lists)(",
+    ),
 ]
 
 

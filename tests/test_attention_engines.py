@@ -319,8 +319,9 @@ class Dispatched(TorchDispatchMode):
 def test_a_decode_step_reuses_the_full_lists_of_its_shape():
     """A decode step's pieces cut no key and meet the same block shape for BLOCK steps in a row: the next step's
     block mask (one key more, the same blocks) dispatches no torch operation and shares the lists, with its own
-    sequence lengths. Lists first made under inference mode are ordinary tensors, so a backward may save them."""
-    flex.full_block_lists.cache_clear()
+    sequence lengths. Lists first made under inference mode are ordinary tensors, so a backward may save them. A
+    piece of more than one row block (a prefill's) builds its lists each time: the cache holds small ones only."""
+    flex.kept_full_block_lists.cache_clear()
     with torch.inference_mode():
         first = flex.piece_block_mask(Piece(row0=41, low=0), 1, 1, 42, "cpu")  # blocks of 8: 6 key blocks
     assert not any(t.is_inference() for t in (first.kv_num_blocks, first.kv_indices, first.full_kv_num_blocks))
@@ -329,6 +330,12 @@ def test_a_decode_step_reuses_the_full_lists_of_its_shape():
     assert dispatched.count == 0
     assert second.full_kv_indices is first.full_kv_indices and second.seq_lengths == (1, 43) != first.seq_lengths
     assert second.full_kv_indices.tolist() == [[[list(range(6))]]]
+    sees_all = Piece(row0=49, low=0)  # 9 rows (two row blocks) over 50 keys, row a seeing keys j <= 49 + a
+    assert not sees_all.cuts(9, 50)
+    longer = [flex.piece_block_mask(sees_all, 1, 9, 50, "cpu") for _ in range(2)]
+    assert longer[0].full_kv_indices is not longer[1].full_kv_indices  # built anew: not kept
+    assert longer[0].kv_num_blocks.tolist() == [[[0, 0]]]
+    assert longer[0].full_kv_indices.tolist() == [[[list(range(7))] * 2]]
 
 
 @pytest.mark.parametrize("grad", ["q", "k", "v", None])

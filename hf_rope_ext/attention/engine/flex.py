@@ -69,16 +69,20 @@ def tensor_block_mask(mask: torch.Tensor, batch: int) -> BlockMask:
     )
 
 
-@functools.lru_cache(maxsize=256)
 def full_block_lists(row_blocks: int, column_blocks: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """The lists of a block mask listing every key block of every query block as full and none as partial: (partial
     counts [1, 1, nq] int32 of 0, partial indices [1, 1, nq, nk], full counts [1, 1, nq] of nk, full indices 0..nk-1
-    in each row). Kept per shape and device: a decode step's pieces cut no key and meet the same shape for
-    ``BLOCK`` steps in a row. Made outside inference mode, so that a later backward may save them."""
+    in each row). Made outside inference mode, so that a later backward may save kept ones."""
     with torch.inference_mode(False):
         indices = torch.arange(column_blocks, dtype=torch.int32, device=device).repeat(1, 1, row_blocks, 1)
         counts = torch.zeros(1, 1, row_blocks, dtype=torch.int32, device=device)
         return counts, indices, counts + column_blocks, indices
+
+
+# the lists of one row block kept per shape and device: a decode step's pieces cut no key and meet the same shape
+# for BLOCK steps in a row (at most 32 KiB each, up to a million keys); longer pieces build theirs, a prefill's
+# kernel time dwarfing it
+kept_full_block_lists = functools.lru_cache(maxsize=64)(full_block_lists)
 
 
 def piece_block_mask(piece: Piece, batch: int, rows: int, columns: int, device, backward: bool = False) -> BlockMask:
@@ -89,8 +93,10 @@ def piece_block_mask(piece: Piece, batch: int, rows: int, columns: int, device, 
     decode step's 103 operations of building the mask."""
     if piece.mask is not None:
         return tensor_block_mask(piece.mask, batch)
-    if not piece.cuts(rows, columns):  # every block full, mask_mod never called: the lists kept per shape
-        lists = full_block_lists(-(-rows // BLOCK), -(-columns // BLOCK), torch.device(device))
+    if not piece.cuts(rows, columns):  # every block full, mask_mod never called
+        lists = (kept_full_block_lists if rows <= BLOCK else full_block_lists)(
+            -(-rows // BLOCK), -(-columns // BLOCK), torch.device(device)
+        )
         return BlockMask.from_kv_blocks(
             *lists, BLOCK_SIZE=BLOCK, seq_lengths=(rows, columns), compute_q_blocks=backward
         )
