@@ -38,12 +38,27 @@ SYNCS = ("aten.equal.", "aten._local_scalar_dense.", "aten.is_nonzero.", "aten.n
 
 class Counted(TorchDispatchMode):
     """Counts the operations dispatched inside it: all of them, those returning more than ``large`` elements, and
-    those that read a value back to Python (``SYNCS``)."""
+    those that read a value back to Python (``SYNCS``, and ``Tensor.tolist``, which reads a CPU tensor without a
+    dispatched operation)."""
 
     def __init__(self, large: int):
         super().__init__()
         self.large, self.ops, self.big = large, collections.Counter(), collections.Counter()
         self.syncs = 0
+
+    def __enter__(self):
+        def tolist(tensor):
+            self.syncs += 1
+            return read(tensor)
+
+        read = torch.Tensor.tolist
+        self.patched = mock.patch.object(torch.Tensor, "tolist", tolist)
+        self.patched.start()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self.patched.stop()
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

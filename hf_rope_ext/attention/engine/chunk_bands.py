@@ -25,22 +25,26 @@ from .lse import Rows, causal_lse, merge
 from .piece import Piece, needs_grad
 
 
-def same_rows(call: Call) -> bool:
-    """Every row of the batch holds its keys at the same positions (chunk boundaries shared by the batch)."""
-    return bool((call.k_pos == call.k_pos[:1]).all())
+def positions_if_chunked(call: Call) -> tuple[int, int] | None:
+    """(first, last) query position where the chunked engine applies, None where it does not: every row of the
+    batch holds its keys at the same positions (chunk boundaries shared by the batch), strictly increasing along the
+    keys, the queries being the newest keys. One read back from the device (on a GPU each one waits for the queue)."""
+    k_pos, q_pos, q_len = call.k_pos, call.q_pos, call.query.shape[2]
+    same = (k_pos == k_pos[:1]).all()
+    rising = (k_pos[:, 1:] > k_pos[:, :-1]).all() & (q_pos == k_pos[:, k_pos.shape[1] - q_len :]).all()
+    applies, first, last = torch.stack((same & rising, q_pos[0, 0], q_pos[0, -1])).tolist()
+    return (first, last) if applies else None
 
 
-def increasing(call: Call) -> bool:
-    """Key positions strictly increasing along the keys, the queries being the newest keys (their positions the
-    last q of them): a chunk's keys and rows are runs of indices, causal by index."""
-    q_len, k_pos = call.query.shape[2], call.k_pos
-    rising = bool((k_pos[:, 1:] > k_pos[:, :-1]).all())
-    return rising and bool((call.q_pos == k_pos[:, k_pos.shape[1] - q_len :]).all())
-
-
-def first_at(positions: torch.Tensor, position: int) -> int:
-    """Index of the first of the increasing ``positions`` [n] at or past ``position`` (n when none)."""
-    return int(torch.searchsorted(positions.contiguous(), torch.tensor([position], device=positions.device)))
+def chunk_starts(call: Call, first: int, last: int) -> tuple[list[int], list[int]]:
+    """(rows, keys): for t from floor(first / c) - 1 to floor(last / c) + 1, the index of the first query row and of
+    the first key at or past position t c (the query count or key count where none is), one read back in all."""
+    c = call.form.chunks(call.params)
+    starts = torch.arange(
+        (first // c - 1) * c, (last // c + 2) * c, c, dtype=call.k_pos.dtype, device=call.k_pos.device
+    )
+    found = torch.cat([torch.searchsorted(p[0].contiguous(), starts) for p in (call.q_pos, call.k_pos)]).tolist()
+    return found[: len(starts)], found[len(starts) :]
 
 
 def chunk_keys(call: Call, old_rows: int) -> torch.Tensor:
@@ -59,12 +63,11 @@ def band_query(call: Call, band: int, rows: slice) -> torch.Tensor:
     return rotate(call.query[:, :, rows], position, call.inv_freq)
 
 
-def chunk_rows(call: Call, rows: slice, keys: torch.Tensor, t: int, scale: float, grad: bool):
-    """(out, lse) of the query rows ``rows`` of chunk t against every key they see."""
-    c, k_pos = call.form.chunks(call.params), call.k_pos[0]
+def chunk_rows(call: Call, rows: slice, keys: torch.Tensor, start: int, before: int, scale: float, grad: bool):
+    """(out, lse) of the query rows ``rows`` of one chunk against every key they see: ``start`` is the index of the
+    chunk's first key, ``before`` that of the chunk before it."""
     offset = call.key.shape[2] - call.query.shape[2]
-    start, before = first_at(k_pos, t * c), first_at(k_pos, (t - 1) * c)  # first key of chunk t, of chunk t - 1
-    end = offset + rows.stop  # keys [start, end): chunk t up to the last row
+    end = offset + rows.stop  # keys [start, end): the chunk up to the last row
     k, v = keys[:, :, start:end], call.value[:, :, start:end]
     found = causal_lse(band_query(call, 0, rows), k, v, offset + rows.start - start, scale)
     for band, (lo, hi) in ((1, (before, start)), (2, (0, before))):
@@ -75,16 +78,15 @@ def chunk_rows(call: Call, rows: slice, keys: torch.Tensor, t: int, scale: float
     return found
 
 
-def chunked(call: Call, scale: float) -> torch.Tensor:
-    """The output [B, H, q, dv] of a chunked form, increasing positions, no mask, the same positions in every row."""
-    c, q_pos = call.form.chunks(call.params), call.q_pos[0]
+def chunked(call: Call, first: int, last: int, scale: float) -> torch.Tensor:
+    """The output [B, H, q, dv] of a chunked form, increasing positions from ``first`` to ``last``, no mask, the
+    same positions in every row."""
     q_len, kv = call.query.shape[2], call.key.shape[2]
     offset, grad = kv - q_len, needs_grad(call.query, call.key, call.value)
     keys, out = chunk_keys(call, offset), Rows(call.query, call.value.shape[-1], grad)
-    i0 = 0
-    while i0 < q_len:
-        t = int(q_pos[i0]) // c
-        i1 = first_at(q_pos, (t + 1) * c)  # past the last row of chunk t
-        out.put(slice(i0, i1), chunk_rows(call, slice(i0, i1), keys, t, scale, grad)[0])
-        i0 = i1
+    rows, key_starts = chunk_starts(call, first, last)  # entry i: chunk floor(first / c) - 1 + i
+    for i in range(1, len(rows) - 1):
+        if rows[i + 1] > rows[i]:  # the chunk has query rows (positions may skip chunks, as PoSE trains)
+            found = chunk_rows(call, slice(rows[i], rows[i + 1]), keys, key_starts[i], key_starts[i - 1], scale, grad)
+            out.put(slice(rows[i], rows[i + 1]), found[0])
     return out.result()

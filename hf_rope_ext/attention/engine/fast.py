@@ -18,7 +18,7 @@ import torch
 
 from ..methods.form import AttentionForm, Band
 from .call import Call
-from .chunk_bands import chunked, increasing, same_rows
+from .chunk_bands import chunked, positions_if_chunked
 from .decode import decoding, two_band_decode
 from .kernels import kernel_for
 from .masked import two_band_masked
@@ -58,8 +58,8 @@ def run(call: Call, module, mask, causal: bool, scale: float, dropout: float, tr
     if kind == "single":
         return single_band(call, mask, causal, scale)
     if kind == "chunks":
-        plain = mask is None and causal and same_rows(call) and increasing(call)
-        return chunked(call, scale) if plain else None
+        positions = positions_if_chunked(call) if mask is None and causal else None
+        return None if positions is None else chunked(call, *positions, scale)
     if mask is None and causal and regular(call, mask):
         return two_band_decode(call, scale) if decoding(call) else two_band_regular(call, scale)
     offset = call.key.shape[2] - call.query.shape[2]
