@@ -84,9 +84,9 @@ def chunked(call: Call, first: int, last: int, scale: float) -> torch.Tensor:
     q_len, kv = call.query.shape[2], call.key.shape[2]
     offset, grad = kv - q_len, needs_grad(call.query, call.key, call.value)
     keys, out = chunk_keys(call, offset), Rows(call.query, call.value.shape[-1], grad)
-    rows, key_starts = chunk_starts(call, first, last)  # entry i: chunk floor(first / c) - 1 + i
-    for i in range(1, len(rows) - 1):
-        if rows[i + 1] > rows[i]:  # the chunk has query rows (positions may skip chunks, as PoSE trains)
-            found = chunk_rows(call, slice(rows[i], rows[i + 1]), keys, key_starts[i], key_starts[i - 1], scale, grad)
-            out.put(slice(rows[i], rows[i + 1]), found[0])
+    row_starts, key_starts = chunk_starts(call, first, last)  # entry i: chunk floor(first / c) - 1 + i
+    for i in range(1, len(row_starts) - 1):
+        rows = slice(row_starts[i], row_starts[i + 1])
+        if rows.stop > rows.start:  # the chunk has query rows (positions may skip chunks, as PoSE trains)
+            out.put(rows, chunk_rows(call, rows, keys, key_starts[i], key_starts[i - 1], scale, grad)[0])
     return out.result()
