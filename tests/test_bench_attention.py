@@ -135,4 +135,5 @@ def test_the_decode_profile_covers_one_attention_call():
         seconds, prof = profile_decode.profiled_step(name, 600, 2, "cpu")
         counts = {e.key: e.count for e in prof.key_averages()}
         assert seconds > 0 and counts[flash] == calls, (name, counts)
-        assert f"## {name}: wall" in profile_decode.summary(name, seconds, prof, "cpu", 3)
+        text = profile_decode.summary(name, seconds, prof, "cpu", 3)
+        assert f"## {name}: wall" in text and "by self_cpu_time_total:" in text and "self_device" not in text
