@@ -133,6 +133,12 @@ MUTATIONS = [
         "(kept_full_block_lists if rows <= BLOCK else full_block_lists)(",
         "(kept_full_block_lists)(",
     ),
+    (
+        "the backward's lists never built for a piece that cuts nothing",
+        FLEX,
+        "seq_lengths=(rows, columns), compute_q_blocks=backward\n",
+        "seq_lengths=(rows, columns), compute_q_blocks=False\n",
+    ),
 ]
 
 

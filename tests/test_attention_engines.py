@@ -338,11 +338,13 @@ def test_a_decode_step_reuses_the_full_lists_of_its_shape():
     assert longer[0].full_kv_indices.tolist() == [[[list(range(7))] * 2]]
 
 
+@pytest.mark.parametrize("piece", [Piece(low=0, high=6), Piece(row0=19, low=0)], ids=["window", "sees-all"])
 @pytest.mark.parametrize("grad", ["q", "k", "v", None])
-def test_the_kernel_builds_the_lists_by_key_block_only_for_a_backward(grad):
+def test_the_kernel_builds_the_lists_by_key_block_only_for_a_backward(grad, piece):
     """Only flex's backward reads the lists by key block (which query blocks each key block meets); building them took
     58 of the 103 operations of a decode step's block mask, so the kernel asks for them exactly where q, k or v needs
-    a gradient, and they are then the lists by query block transposed (a window piece, blocks of 8)."""
+    a gradient, and they are then the lists by query block transposed (blocks of 8; a window piece, and one that
+    sees every key and takes the kept full lists)."""
     seen = []
 
     def flex_attention(q, k, v, block_mask, scale, enable_gqa, return_aux):
@@ -352,7 +354,6 @@ def test_the_kernel_builds_the_lists_by_key_block_only_for_a_backward(grad):
     q, k, v = torch.randn(1, 4, 20, 8), torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 8)
     if grad is not None:
         dict(q=q, k=k, v=v)[grad].requires_grad_()
-    piece = Piece(low=0, high=6)
     flex.flex_kernel(flex_attention)(q, k, v, piece, 1.0)
     (block_mask,) = seen
     if grad is None:
