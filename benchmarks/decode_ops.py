@@ -10,7 +10,7 @@ of ``bench_attention`` (32 / 8 heads, head_dim 128, bf16) steps three times on a
 dispatch mode counts the operations of the last step's attention call (views and slices included; those that
 return more than ``--large`` elements are counted apart: copies or work that grow with the cache). On a CPU,
 ``--block-masks`` also builds, for each piece, the block mask the CUDA kernel would give compiled flex
-(``flex.piece_block_mask``), so the count includes that host work too.
+(``flex.kernel_block_mask``), so the count includes that host work too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hf_rope_ext.attention.engine import flex, kernels
-from hf_rope_ext.attention.engine.piece import needs_grad
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_attention as bench  # noqa: E402
@@ -73,7 +72,7 @@ def with_block_masks(kernel):
     """``kernel`` (the CPU one) building first the block mask the CUDA kernel gives flex for the piece."""
 
     def call(q, k, v, piece, scale):
-        flex.piece_block_mask(piece, q.shape[0], q.shape[2], k.shape[2], q.device, needs_grad(q, k, v))
+        flex.kernel_block_mask(q, k, v, piece)
         return kernel(q, k, v, piece, scale)
 
     return call

@@ -4,7 +4,7 @@ arguments (q [B, H, c, d], k / v [B, Hkv, kv, *], a ``Piece``, the scale) and re
 [B, H, c] float32), a row that sees no key giving out 0 and lse -inf:
 - ``dense_kernel``: the piece's key range and mask applied to every (row, column);
 - ``block_list_kernel``: compiled flex_attention's meaning. It reads the block mask the CUDA kernel builds
-  (``flex.piece_block_mask``) as the compiled kernel does: it visits only the blocks listed for each query block,
+  (``flex.kernel_block_mask``) as the compiled kernel does: it visits only the blocks listed for each query block,
   calls ``mask_mod`` inside the partly listed ones only, takes fully listed ones whole and never looks at an
   unlisted block, so a wrong block list changes its output (uncompiled flex_attention calls ``mask_mod`` on every
   pair and ignores the lists).
@@ -69,5 +69,5 @@ def listed_blocks(block_mask) -> torch.Tensor:
 
 def block_list_kernel(q, k, v, piece: Piece, scale: float):
     """Compiled flex_attention's meaning over the CUDA kernel's own block mask."""
-    block_mask = flex.piece_block_mask(piece, q.shape[0], q.shape[2], k.shape[2], q.device)
+    block_mask = flex.kernel_block_mask(q, k, v, piece)
     return attend_allowed(q, k, v, listed_blocks(block_mask), scale)

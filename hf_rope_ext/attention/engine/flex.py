@@ -111,11 +111,16 @@ def piece_block_mask(piece: Piece, batch: int, rows: int, columns: int, device, 
     )
 
 
+def kernel_block_mask(q, k, v, piece: Piece) -> BlockMask:
+    """The block mask the kernel gives flex for queries q [B, H, c, d] against keys k / values v [B, Hkv, kv, *]."""
+    return piece_block_mask(piece, q.shape[0], q.shape[2], k.shape[2], q.device, needs_grad(q, k, v))
+
+
 def flex_kernel(flex=flex_attention):
     """A kernel (``kernels.Kernel``) running ``flex`` (flex_attention, compiled or not) over pieces."""
 
     def kernel(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        block_mask = piece_block_mask(piece, q.shape[0], q.shape[2], k.shape[2], q.device, needs_grad(q, k, v))
+        block_mask = kernel_block_mask(q, k, v, piece)
         gqa = q.shape[1] != k.shape[1]
         out, aux = flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa, return_aux=AuxRequest(lse=True))
         return out, aux.lse
