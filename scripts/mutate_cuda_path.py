@@ -139,6 +139,7 @@ MUTATIONS = [
         "seq_lengths=(rows, columns), compute_q_blocks=backward\n",
         "seq_lengths=(rows, columns), compute_q_blocks=False\n",
     ),
+    ("full lists aliased (partial indices the full ones)", FLEX, "counts, indices.clone(),", "counts, indices,"),
 ]
 
 

@@ -28,6 +28,10 @@ def run_metadata(model, command: str, adapter=None, data=None) -> dict:
 
 
 def version(name: str) -> str | None:
+    if name == "torch":  # the build too (+cpu, +cu128): PyPI's CUDA wheels leave it out of the distribution's version
+        import torch
+
+        return str(torch.__version__)
     try:
         return distributions.version(name)
     except distributions.PackageNotFoundError:

@@ -62,21 +62,24 @@ def range_mask_mod(piece: Piece, device):
 
 def tensor_block_mask(mask: torch.Tensor, batch: int) -> BlockMask:
     """A block mask of an additive mask [B or 1, 1, c, kv] (allowed where above half the dtype's minimum)."""
-    allowed = (mask > torch.finfo(mask.dtype).min / 2).expand(batch, 1, *mask.shape[2:])
+    allowed = (mask[:, 0] > torch.finfo(mask.dtype).min / 2).expand(batch, *mask.shape[2:])  # [B, c, kv]
     rows, columns = mask.shape[2], mask.shape[3]
+    # indexed by the mask function's tensors only: torch 2.9's vmap refused a constant index among them
     return create_block_mask(
-        lambda b, h, a, j: allowed[b, 0, a, j], batch, None, rows, columns, device=mask.device, BLOCK_SIZE=BLOCK
+        lambda b, h, a, j: allowed[b, a, j], batch, None, rows, columns, device=mask.device, BLOCK_SIZE=BLOCK
     )
 
 
 def full_block_lists(row_blocks: int, column_blocks: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """The lists of a block mask listing every key block of every query block as full and none as partial: (partial
     counts [1, 1, nq] int32 of 0, partial indices [1, 1, nq, nk], full counts [1, 1, nq] of nk, full indices 0..nk-1
-    in each row). Made outside inference mode, so that a later backward may save kept ones."""
+    in each row). Made outside inference mode, so that a later backward may save kept ones. No two of the four are
+    one tensor: compiled flex guards its inputs against aliasing, so aliased lists recompiled it (and on torch 2.9
+    failed in dynamo's report of why)."""
     with torch.inference_mode(False):
         indices = torch.arange(column_blocks, dtype=torch.int32, device=device).repeat(1, 1, row_blocks, 1)
         counts = torch.zeros(1, 1, row_blocks, dtype=torch.int32, device=device)
-        return counts, indices, counts + column_blocks, indices
+        return counts, indices.clone(), counts + column_blocks, indices
 
 
 # the lists of one row block kept per shape and device: a decode step's pieces cut no key and meet the same shape
