@@ -76,6 +76,11 @@ SINGLE += [("lora", 4, 10), ("lora", 2, 10)]  # the adapter of --adapter, merged
 CELLS += [(m, s, 7 if s == 2 else 4) for s in (4, 2) for m in NEWER]
 CELLS += [("rerope+log", 4, 4)]  # an older attention-level type with the temperature too
 CELLS += [("string+log", 4, 4)]  # STRING at 4x with the temperature of DCA and Qwen
+# the rest of the grid "every attention-level type, with and without the temperature": the older types and STRING
+# with the log temperature at 2x, Leaky ReRoPE with it at 4x
+LOGGED = ("rerope+log", "leaky_rerope+log", "string+log")
+SINGLE += [(m, 2, 10) for m in LOGGED] + [("leaky_rerope+log", 4, 10)]
+CELLS += [(m, 2, 7) for m in LOGGED] + [("leaky_rerope+log", 4, 4)]
 TEMPERATURES = ("log", "constant")
 ADAPTER = Path(__file__).resolve().parent.parent / "examples" / "smollm2-yarn4-pose-lora"
 FAR_STRIDE = 1024
