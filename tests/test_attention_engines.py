@@ -296,8 +296,8 @@ def test_a_piece_seeing_every_key_gets_a_block_mask_of_full_blocks(rows, columns
     """Given no block mask, compiled flex builds its own inside the graph and ran a decode step's single query row
     22x slower on an H200 (README, "GPU"): a piece that cuts nothing (a decode step's far band, a short square) is
     given a block mask listing every key block of every query block as full, none as partial. No two of its lists
-    share storage: compiled flex guards its inputs against aliasing (aliased lists recompiled it; on torch 2.9 the
-    report of why raised a TypeError)."""
+    share storage: dynamo guards compiled flex's inputs against aliasing (torch 2.9.0 raised a TypeError reporting
+    that guard's failure)."""
     piece = Piece(row0=columns - 1, low=0)  # row a sees keys j <= columns - 1 + a: all of them
     assert not piece.cuts(rows, columns)
     block_mask = flex.piece_block_mask(piece, 2, rows, columns, "cpu")

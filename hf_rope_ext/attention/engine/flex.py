@@ -74,8 +74,8 @@ def full_block_lists(row_blocks: int, column_blocks: int, device: torch.device) 
     """The lists of a block mask listing every key block of every query block as full and none as partial: (partial
     counts [1, 1, nq] int32 of 0, partial indices [1, 1, nq, nk], full counts [1, 1, nq] of nk, full indices 0..nk-1
     in each row). Made outside inference mode, so that a later backward may save kept ones. No two of the four are
-    one tensor: compiled flex guards its inputs against aliasing, so aliased lists recompiled it (and on torch 2.9
-    failed in dynamo's report of why)."""
+    one tensor: dynamo guards compiled flex's inputs against aliasing, and torch 2.9.0 raised a TypeError reporting
+    that guard's failure."""
     with torch.inference_mode(False):
         indices = torch.arange(column_blocks, dtype=torch.int32, device=device).repeat(1, 1, row_blocks, 1)
         counts = torch.zeros(1, 1, row_blocks, dtype=torch.int32, device=device)
