@@ -43,7 +43,7 @@ PREDICATES = {
     "isnan", "isinf", "is_tensor", "is_available",
 }  # fmt: skip
 ROOT_MODULES = ("__init__", "__main__", "version")  # all the package root holds besides its folders
-SKIPPED_DIRS = {".git", "runs", "build"}  # and every environment, .venv and .venv-*
+SKIPPED_DIRS = {".git", "runs", "build"}  # and every environment: a folder named .venv*
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -234,8 +234,7 @@ def dropped_answers(root: Path) -> list[str]:
     """``path:line`` of every statement in the tree's Python files that drops an answer (see the module docstring)."""
     found = []
     for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root).parts
-        if SKIPPED_DIRS.intersection(parts) or any(part.startswith(".venv") for part in parts):
+        if any(part in SKIPPED_DIRS or part.startswith(".venv") for part in path.relative_to(root).parts):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Expr) and dropped(node.value):
