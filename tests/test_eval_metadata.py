@@ -1,0 +1,23 @@
+"""A report names the torch build it ran on (+cpu, +cu128), not only the distribution's version: PyPI's CUDA
+wheels leave the build out of the distribution's version, so a figure from a CUDA run would read as a CPU one."""
+
+from __future__ import annotations
+
+import platform
+
+import torch
+
+from hf_rope_ext.eval import metadata
+
+
+def test_torch_version_is_the_modules_with_its_build(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "9.9.9+cu999")  # no distribution on any machine has this version
+    assert metadata.version("torch") == "9.9.9+cu999"
+
+
+def test_versions_of_every_package_and_python(tmp_path):
+    meta = metadata.run_metadata(tmp_path, "hf-rope-ext eval")
+    assert set(meta["versions"]) == {*metadata.PACKAGES, "python"}
+    assert meta["versions"]["python"] == platform.python_version()
+    assert metadata.version("no-such-distribution-hf-rope-ext") is None
+    assert meta["model_sha256"] is None  # a folder without config.json or weights
