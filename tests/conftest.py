@@ -6,6 +6,7 @@ them need lives here or in a helper module named for what it computes (``pair_re
 from __future__ import annotations
 
 import importlib.util
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, ByT5Tokenizer
 import hf_rope_ext  # noqa: F401  (registers the package's rope types)
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+# A suite started as a background job of a script (`pytest &`, nohup) starts with SIGINT ignored, and every run it
+# starts would inherit that: a run leaves an ignored SIGINT ignored (hf_rope_ext/train/interrupt.py), so the Ctrl-C
+# tests of tests/test_distributed.py would wait for a stop that never comes. Python's own handler, as in a terminal
+# (a handler, unlike an ignored signal, is not inherited by the runs the tests start).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # model_type -> the config keys a tiny model of that family needs
 FAMILIES = {

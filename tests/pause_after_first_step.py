@@ -15,7 +15,10 @@ def after_step(run, step, index, loss):
     row = stock(run, step, index, loss)
     if step == 1:
         print("paused after step 1", flush=True)
+        deadline = time.monotonic() + 600  # a test that never sends the signal fails instead of hanging
         while not run.stop.asked:  # set by the SIGINT handler the run installed
+            if time.monotonic() > deadline:
+                raise SystemExit("pause_after_first_step.py: no SIGINT reached the run in 600 s")
             time.sleep(0.01)
     return row
 
