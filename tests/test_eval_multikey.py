@@ -67,11 +67,12 @@ def test_prompts_read_with_shared_prefixes_answer_as_each_prompt_read_alone(tiny
     question = lambda name: tokenizer(multikey.QUESTION.format(name=name), add_special_tokens=False).input_ids  # noqa: E731
     seen, read, ask = [], [], multikey.ask
 
-    def asked(model, tokenizer, cache, keyword, name):  # the question's logits on what the cache holds, then ask
+    def asked(model, tokenizer, cache, keyword, text, tokens):  # the question's logits on the cache, then ask
         held = cache.get_seq_length()
-        seen.append((held, name, model(torch.tensor([question(name)]), **{keyword: cache}).logits[0, -1]))
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        seen.append((held, text, model(torch.tensor([ids]), **{keyword: cache}).logits[0, -1]))
         cache.crop(held - cache.get_seq_length())
-        return ask(model, tokenizer, cache, keyword, name)
+        return ask(model, tokenizer, cache, keyword, text, tokens)
 
     monkeypatch.setattr(multikey, "ask", asked)
     hook = model.model.register_forward_pre_hook(
@@ -80,9 +81,11 @@ def test_prompts_read_with_shared_prefixes_answer_as_each_prompt_read_alone(tiny
     found = multikey.probe_prompts(model, tokenizer, prompts, keys, where, iter)
     hook.remove()
     asks = [(ids, name) for ids in prompts for name in multikey.OBJECTS[:2]]
-    for (held, name, logits), (ids, expected_name) in zip(seen, asks, strict=True):
+    for (held, text, logits), (ids, name) in zip(seen, asks, strict=True):
         alone = model(torch.tensor([ids + question(name)]), use_cache=False).logits[0, -1]
-        assert (held, name) == (LENGTH, expected_name) and torch.allclose(logits, alone, atol=1e-4)
+        assert (held, text) == (LENGTH, multikey.QUESTION.format(name=name)) and torch.allclose(
+            logits, alone, atol=1e-4
+        )
     assert [text for _, _, text in found] == [recompute(model, tokenizer, ids, name) for ids, name in asks]
     prefills = [n for n in read if n > max(len(question(o)) for o in multikey.OBJECTS)]  # questions, answers: shorter
     shared = [multikey.shared_prefix(a, b) for a, b in zip(prompts, prompts[1:], strict=False)]

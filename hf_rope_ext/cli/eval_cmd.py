@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import ruler_cmd
+from . import probes_cmd, ruler_cmd
 from .args import (
     add_rope_arguments,
     comma_list,
@@ -48,11 +48,16 @@ def add_parser(subparsers, name):
     parser.add_argument("--plot", type=Path, default=None, help="write a perplexity-against-length PNG here")
     parser.add_argument("--overwrite", action="store_true", help="replace existing --json/--plot/--needle files")
     ruler_cmd.add_arguments(parser, eval_command=True)
+    probes_cmd.add_arguments(parser)
     progress_argument(parser)
     return parser
 
 
 def run(args) -> int:
+    if args.probes is not None:
+        probes_cmd.check(args)
+    else:
+        probes_cmd.check_unused(args)
     if args.ruler is not None:  # lm-eval's RULER tasks instead of the package's probes
         return ruler_cmd.run_eval(args)
     from ..eval import (
@@ -65,6 +70,7 @@ def run(args) -> int:
         needle_grid,
         parse_rope_params,
         report,
+        requested_parameters,
     )
     from ..eval.metadata import run_metadata
     from ..store import bundled, outputs
@@ -76,6 +82,11 @@ def run(args) -> int:
     pretrain = loading.pretraining_length(loading.load_config(adapters.config_folder(path, adapter)))
     lengths = args.lengths or [pretrain, 2 * pretrain, 4 * pretrain]
     extra = parse_rope_params(args.rope_param)
+    if args.probes is not None:  # the pass-key probes of a split instead of the default measures
+        params = requested_parameters(
+            loading.load_config(adapters.config_folder(path, adapter)), args.rope_type, args.factor, extra
+        )
+        return probes_cmd.run(args, path, adapter, lengths, params)
     plan = EvalPlan(
         lengths=tuple(lengths),
         documents=args.documents,

@@ -41,7 +41,10 @@ def add_arguments(parser, eval_command: bool = False) -> None:
     if eval_command:
         parser.add_argument("--report-dir", type=Path, default=None, help="with --ruler: the report folder")
         parser.add_argument(
-            "--dtype", choices=("float32", "bfloat16"), default="float32", help="with --ruler: weights and activations"
+            "--dtype",
+            choices=("float32", "bfloat16"),
+            default="float32",
+            help="with --ruler or --probes: weights and activations",
         )
 
 

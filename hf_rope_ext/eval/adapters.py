@@ -65,3 +65,19 @@ def adapter_label(adapter) -> str:
     params = read_json(Path(adapter) / "config.json")["rope_parameters"]
     factor = f" x{params['factor']:g}" if "factor" in params else ""
     return f"{params['rope_type']}{factor} + LoRA {Path(adapter).name}"
+
+
+def training_command(adapter) -> str | None:
+    """The ``hf-rope-ext finetune`` command of a code block in the adapter's card (README.md), its continued lines
+    joined; None when the card has none."""
+    card = Path(adapter) / "README.md"
+    lines, fenced = card.read_text(encoding="utf-8").splitlines() if card.is_file() else [], False
+    for i, line in enumerate(lines):
+        fenced ^= line.startswith("```")
+        if fenced and "hf-rope-ext finetune" in line:
+            command = [line.strip()]
+            while command[-1].endswith("\\") and i + len(command) < len(lines):
+                command[-1] = command[-1][:-1].rstrip()
+                command.append(lines[i + len(command)].strip())
+            return " ".join(command)
+    return None

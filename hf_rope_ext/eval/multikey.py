@@ -61,11 +61,11 @@ def prompt_ids(tokenizer, length: int, keys: list[int], where: list[float] | Non
 
 
 @torch.no_grad()
-def ask(model, tokenizer, cache, keyword: str, name: str, answer_tokens: int = ANSWER_TOKENS) -> str:
-    """Feed the question for ``name`` after what ``cache`` holds and generate greedily; returns the text."""
+def ask(model, tokenizer, cache, keyword: str, question: str, answer_tokens: int = ANSWER_TOKENS) -> str:
+    """Feed ``question`` after what ``cache`` holds and generate ``answer_tokens`` tokens greedily; returns the text."""
     device = next(model.parameters()).device
-    question = tokenizer(QUESTION.format(name=name), add_special_tokens=False)["input_ids"]
-    logits = model(torch.tensor([question], device=device), logits_to_keep=1, **{keyword: cache}).logits
+    ids = tokenizer(question, add_special_tokens=False)["input_ids"]
+    logits = model(torch.tensor([ids], device=device), logits_to_keep=1, **{keyword: cache}).logits
     out = [int(logits[0, -1].argmax())]
     while len(out) < answer_tokens:  # the last token needs no forward of its own
         token = torch.tensor([out[-1:]], device=device)  # (1, 1)
@@ -89,27 +89,40 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
 
 
 @torch.no_grad()
-def probe_prompts(model, tokenizer, prompts: list[list[int]], keys: list[list[int]], where: list[list[float]], bar_of):
-    """(depth, key, generated text) for each needle of each prompt (token ids), in order. One cache holds the
-    tokens a prompt shares with the next between prompts (where ``reads_in_pieces``); each prompt's remaining
-    tokens are read in one forward, every question asked after them and cropped away."""
+def read_prompts(model, tokenizer, prompts: list[list[int]], questions: list[list[tuple[str, int]]], bar_of, done=None):
+    """The answers to each prompt's questions ((text, answer tokens) pairs), prompt by prompt, each question asked
+    after its prompt alone. One cache holds the tokens a prompt shares with the next between prompts (where
+    ``reads_in_pieces``); each prompt's remaining tokens are read in one forward, every question asked after them and
+    cropped away. ``done(i, answers)`` is called after prompt i (a resumable run records it there)."""
     import hf_rope_ext  # the package's public names (cache_keyword, rope_cache) load on first use
 
     keyword, device = hf_rope_ext.cache_keyword(model), next(model.parameters()).device
     pieces = reads_in_pieces(model)
     pairs = zip(prompts, prompts[1:], strict=False)  # (prompt, the next one)
     keep = [min(shared_prefix(a, b), len(a) - 1, len(b) - 1) if pieces else 0 for a, b in pairs] + [0]  # one token read
-    found, held, cache = [], 0, None
+    answers, held, cache = [], 0, None
     for i in bar_of(range(len(prompts))):
         ids = prompts[i]  # the cache holds ids[:held], what this prompt shares with the one before
         cache = hf_rope_ext.rope_cache(model) if held == 0 else cache
         model(torch.tensor([ids[held:]], device=device), logits_to_keep=1, **{keyword: cache})
-        for depth, name, key in zip(where[i], OBJECTS, keys[i], strict=False):
-            found.append((depth, key, ask(model, tokenizer, cache, keyword, name)))
+        answers.append([])
+        for question, tokens in questions[i]:
+            answers[-1].append(ask(model, tokenizer, cache, keyword, question, tokens))
             crop_to(cache, len(ids))
+        if done is not None:
+            done(i, answers[-1])
         held = keep[i]  # what it shares with the next
         crop_to(cache, held)
-    return found
+    return answers
+
+
+def probe_prompts(model, tokenizer, prompts: list[list[int]], keys: list[list[int]], where: list[list[float]], bar_of):
+    """(depth, key, generated text) for each needle of each prompt (token ids, needles named in OBJECTS order), in
+    order (``read_prompts`` with this module's question)."""
+    questions = [[(QUESTION.format(name=name), ANSWER_TOKENS) for name in OBJECTS[: len(k)]] for k in keys]
+    answers = read_prompts(model, tokenizer, prompts, questions, bar_of)
+    triples = zip(where, keys, answers, strict=True)  # per prompt: depths, keys, answers
+    return [(d, k, text) for ws, ks, texts in triples for d, k, text in zip(ws, ks, texts, strict=True)]
 
 
 def crop_to(cache, tokens: int):
