@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 for module in ("lm_eval", "nltk", "wonderwords"):
     pytest.importorskip(module, reason=f"{module} not installed: the [eval] extra (pip install 'hf-rope-ext[eval]')")
@@ -42,7 +43,7 @@ def test_lm_eval_scores_each_task_as_the_test_does_from_the_same_samples(records
     for r in records:
         assert r["rope_type"] == "none" and r["factor"] is None and r["length"] == LENGTH
         assert r["samples"] == len(r["answers"]) == 1
-        assert r["ruler_score"] == pytest.approx(own_score(r["answers"]))
+        assert r["ruler_score"] == pytest.approx(own_score(r["answers"])) and r["chat_template"] is False
     assert records[0]["ruler_score"] > 0, records[0]  # a hit: the check compares something
 
 
@@ -99,6 +100,20 @@ def test_the_command_writes_the_report_json_markdown_and_plot(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
 
 
+def test_the_chat_template_wraps_every_prompt_only_when_asked(monkeypatch):
+    """``chat_template=True`` (``--apply-chat-template``): lm-eval puts each prompt in the tokenizer's chat template as
+    a user turn, and the record says so (without it the prompt is the task's plain text: the records fixture)."""
+    tokenizer = loading.load_tokenizer(MODEL)
+    turns = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}[/{{ m['role'] }}]{% endfor %}"
+    tokenizer.chat_template = turns + "{% if add_generation_prompt %}[assistant]{% endif %}"
+    lm = ruler.lm_for(loading.load_model(MODEL), tokenizer, LENGTH)
+    seen = []
+    monkeypatch.setattr(lm, "generate_until", lambda requests, **kw: [seen.append(r.args[0]) or "x" for r in requests])
+    (templated,) = ruler.run_tasks(lm, TASKS, LENGTH, MODEL, limit=1, chat_template=True)
+    assert seen[0].startswith("[user]A special magic number is hidden") and "[/user][assistant]" in seen[0], seen[0]
+    assert templated["chat_template"] is True
+
+
 def test_lm_eval_finds_the_model_with_the_rope_type_from_its_model_args():
     from lm_eval.api.registry import get_model
 
@@ -120,12 +135,24 @@ def test_python_m_hf_rope_ext_lm_eval_runs_lm_evals_own_command_line(tmp_path, c
 
     args = f"pretrained={MODEL},rope_type=yarn,factor=2"
     lm_eval_main(
-        ["--model", "hf-rope-ext", "--model_args", args, "--tasks", "niah_single_1", "--device", "cpu"]
+        ["--model", "hf-rope-ext", "--model_args", args, "--tasks", "niah_single_1"]  # lm-eval's device: cuda:0
         + ["--metadata", json.dumps({"max_seq_lengths": [LENGTH]}), "--limit", "1"]
         + ["--gen_kwargs", "max_gen_toks=8", "--output_path", str(tmp_path / "out")]
     )
     out = capsys.readouterr().out
     assert "niah_single_1" in out and str(LENGTH) in out, out
+
+
+def test_the_lm_eval_model_takes_the_device_as_lm_evals_own_hf_model(monkeypatch, capsys):
+    """The device asked for where it exists; a CUDA device on a machine without CUDA falls back to the CPU with a
+    note; nothing asked for: CUDA when there is one."""
+    from hf_rope_ext.lm_eval.model import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("cuda:0") == "cpu" and "no CUDA here" in capsys.readouterr().err
+    assert resolve_device(None) == "cpu" and resolve_device("cpu") == "cpu" and capsys.readouterr().err == ""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("cuda:1") == "cuda:1" and resolve_device(None) == "cuda"
 
 
 def test_extend_runs_ruler_across_its_methods_at_its_lengths(tmp_path):

@@ -38,6 +38,12 @@ def add_arguments(parser, eval_command: bool = False) -> None:
         help="with --ruler: tokens generated per answer (default: each task's own, 128 for the needle tasks); "
         "fewer is faster and can only lower a score",
     )
+    parser.add_argument(
+        "--apply-chat-template",
+        action="store_true",
+        help="with --ruler: put each prompt in the tokenizer's chat template (lm-eval's own option; for instruct "
+        "models, which were trained to read their input that way)",
+    )
     if eval_command:
         parser.add_argument("--report-dir", type=Path, default=None, help="with --ruler: the report folder")
         parser.add_argument(
@@ -102,7 +108,9 @@ def run_extend(args, path: Path, methods, factors) -> int:
 
 
 def gen(args) -> dict:
-    return {} if args.max_gen_toks is None else {"max_gen_toks": args.max_gen_toks}
+    """What reaches ``eval.ruler.run_tasks``: the generated tokens per answer and the chat template."""
+    kw = {} if args.max_gen_toks is None else {"max_gen_toks": args.max_gen_toks}
+    return kw | ({"chat_template": True} if args.apply_chat_template else {})
 
 
 def write(records, args, path, target: Path, stage, adapter=None) -> int:
@@ -118,7 +126,8 @@ def write(records, args, path, target: Path, stage, adapter=None) -> int:
             f"- command: `{meta['command']}`",
             f"- samples: {limit} of the 500 lm-eval builds per task and length; lm-eval reads at most the length",
             f"- date: {meta['date']}, dtype {args.dtype}, generated tokens per answer: "
-            f"{args.max_gen_toks or 'each task' + chr(39) + 's own (128 for the needle tasks)'}",
+            f"{args.max_gen_toks or 'each task' + chr(39) + 's own (128 for the needle tasks)'}, prompts "
+            + ("in the tokenizer's chat template" if args.apply_chat_template else "as plain text (no chat template)"),
             "",
             ruler_report.tables(records),
         ]

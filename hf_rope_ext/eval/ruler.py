@@ -28,10 +28,12 @@ def lm_for(model, tokenizer, length: int, batch_size: int = 1):
     return HFLM(pretrained=model, tokenizer=tokenizer, max_length=int(length), batch_size=batch_size, device=device)
 
 
-def run_tasks(lm, tasks, length: int, tokenizer_path, limit=None, max_gen_toks=None) -> list[dict]:
+def run_tasks(lm, tasks, length: int, tokenizer_path, limit=None, max_gen_toks=None, chat_template=False) -> list[dict]:
     """``tasks`` (lm-eval names) at one ``length`` through ``lm``; one record per task (without rope_type/factor).
     ``tokenizer_path``: the folder lm-eval's builders load the tokenizer from to size the samples; ``max_gen_toks``:
-    None keeps each task's own (128 for the needle tasks), a number cuts generation shorter (tests)."""
+    None keeps each task's own (128 for the needle tasks), a number cuts generation shorter (tests);
+    ``chat_template``: each prompt put in the tokenizer's chat template as a user turn (lm-eval's
+    ``apply_chat_template``), as an instruct model was trained to read its input."""
     import lm_eval
 
     ruler_tasks.import_builders(tasks)
@@ -45,8 +47,9 @@ def run_tasks(lm, tasks, length: int, tokenizer_path, limit=None, max_gen_toks=N
         log_samples=True,
         bootstrap_iters=0,
         gen_kwargs=gen_kwargs,
+        apply_chat_template=bool(chat_template),
     )
-    return [record(task, length, results) for task in tasks]
+    return [{**record(task, length, results), "chat_template": bool(chat_template)} for task in tasks]
 
 
 def task_manager(metadata: dict):
@@ -88,12 +91,13 @@ def check(tasks, tokenizer, lengths) -> None:
     ruler_fit.check_fits(tasks, tokenizer, lengths)
 
 
-def evaluate_ruler(model, tokenizer, tokenizer_path, tasks, lengths, limit=None, max_gen_toks=None, label=None):
-    """Records of ``model`` on every task at every length (``label``: the rope_type and factor to record)."""
+def evaluate_ruler(model, tokenizer, tokenizer_path, tasks, lengths, limit=None, label=None, **kw):
+    """Records of ``model`` on every task at every length (``label``: the rope_type and factor to record; ``kw``:
+    ``run_tasks``'s ``max_gen_toks`` and ``chat_template``)."""
     records = []
     for length in sorted(lengths):
         lm = lm_for(model, tokenizer, length)
-        found = run_tasks(lm, tasks, length, tokenizer_path, limit, max_gen_toks)
+        found = run_tasks(lm, tasks, length, tokenizer_path, limit, **kw)
         records += [{**(label or {}), **r} for r in found]
     return records
 

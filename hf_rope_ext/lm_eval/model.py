@@ -55,6 +55,20 @@ def dtype_of(name) -> torch.dtype:
     return value
 
 
+def resolve_device(device) -> str:
+    """The device the model runs on, as lm-eval's own ``hf`` model chooses it: the one asked for where it exists, else
+    CUDA when there is one, else the CPU. lm-eval asks for ``cuda:0`` unless told otherwise, so on a machine without
+    CUDA a CUDA device falls back to the CPU, with a note."""
+    if device and not (str(device).startswith("cuda") and not torch.cuda.is_available()):
+        return str(device)
+    if device:
+        print(
+            f"{MODEL_NAME}: device {device!r} asked for, but torch has no CUDA here: running on the CPU",
+            file=sys.stderr,
+        )
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 @register_model(MODEL_NAME)
 class RopeExtLM(HFLM):
     def __init__(
@@ -74,7 +88,7 @@ class RopeExtLM(HFLM):
         extra = rope_arguments(rope_type, kwargs)
         factor = None if factor is None else float(factor)
         params = loading.requested_parameters(config, rope_type, factor, extra)
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = resolve_device(device)
         model = loading.load_model(path, params, dtype=dtype_of(dtype), device=device, adapter=adapter)
         pretrain = loading.pretraining_length(config)
         length = int(max_length or (factor * pretrain if factor else config.max_position_embeddings))
