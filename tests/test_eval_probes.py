@@ -239,3 +239,16 @@ def test_the_training_command_of_an_adapter_is_read_from_its_card(tmp_path):
     assert training_command(tmp_path) == "hf-rope-ext finetune --model M --rope-type x --max-steps 3"
     (tmp_path / "README.md").write_text("no command\n")
     assert training_command(tmp_path) is None
+
+
+def test_tables_print_every_score_with_its_count_and_interval():
+    """The default measures' records carry hits and a Wilson interval beside each accuracy, and the tables show
+    ``hits/n [lo, hi]`` (a record without the count keeps its number)."""
+    from hf_rope_ext.eval import report
+
+    scored = {"rope_type": "yarn", "length": 1024, "passkey_accuracy": 0.6, "passkey_samples": 5, "passkey_hits": 3}
+    scored["passkey_interval"] = intervals.score(3, 5)["interval"]
+    bare = {"rope_type": "none", "length": 1024, "passkey_accuracy": 1.0}
+    table = report.markdown_table([scored, bare], ["rope_type", "passkey_accuracy"])
+    assert "| yarn | 3/5 [0.23, 0.88] |" in table and "| none | 1 |" in table
+    assert "| yarn | 3/5 [0.23, 0.88] |" in report.pivot_table([scored, bare], "passkey_accuracy")

@@ -25,6 +25,7 @@ import torch
 
 from ..types import registry
 from ..util.progress import bar
+from .intervals import score
 from .passkey import FILLER, TASK, by_depth, filler_tokens, passkeys
 
 OBJECTS = ("red door", "blue box", "green gate", "yellow chest", "white safe", "black drawer", "grey locker")
@@ -147,7 +148,8 @@ def multikey_accuracy(
     model, tokenizer, length: int, prompts: int = 2, keys: int = DEFAULT_KEYS, seed: int = 0, progress=True
 ) -> dict:
     """Greedy-generation accuracy over ``prompts`` prompts x ``keys`` keys at ``length`` tokens:
-    ``multikey_accuracy``, ``multikey_probes``, ``multikey_by_depth`` ([[depth, accuracy], ...]) and
+    ``multikey_accuracy``, ``multikey_probes``, ``multikey_hits``, ``multikey_interval`` (Wilson 95%),
+    ``multikey_by_depth`` ([[depth, accuracy], ...]) and
     ``multikey_misses`` ([[depth, key, generated text], ...])."""
     chosen = prompt_keys(prompts, keys, seed)
     where = [depths(keys, p, prompts) for p in range(prompts)]
@@ -159,6 +161,8 @@ def multikey_accuracy(
     return {
         "multikey_accuracy": sum(hits) / len(hits),
         "multikey_probes": len(hits),
+        "multikey_hits": sum(hits),
+        "multikey_interval": score(sum(hits), len(hits))["interval"],
         "multikey_by_depth": by_depth([round(d, 4) for d, _, _ in probes], hits),
         "multikey_misses": [[round(d, 4), k, t] for (d, k, t), hit in zip(probes, hits, strict=True) if not hit],
     }

@@ -16,6 +16,7 @@ import torch
 from ..util.progress import bar
 from ..util.quiet import generating_past_max_length
 from .data import encode
+from .intervals import score
 
 TASK = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -136,7 +137,8 @@ def passkey_accuracy(
     progress=True,
 ) -> dict:
     """Accuracy over ``depths`` uniformly spread needle depths x ``trials`` pass keys at one ``length``, overall
-    (``passkey_accuracy``, teacher-forced) and per depth (``passkey_by_depth``: [[depth, accuracy], ...])."""
+    (``passkey_accuracy``, teacher-forced, with ``passkey_hits`` of ``passkey_samples`` and the Wilson 95%
+    ``passkey_interval``; the same for generation) and per depth (``passkey_by_depth``: [[depth, accuracy], ...])."""
     keys = passkeys(depths * trials, seed)  # a different key for every sample
     grid = [(depth, keys[i * trials + t]) for i, depth in enumerate(spread_depths(depths)) for t in range(trials)]
     forced, generated = [], []
@@ -148,10 +150,14 @@ def passkey_accuracy(
     result = {
         "passkey_accuracy": sum(forced) / len(forced),
         "passkey_samples": len(forced),
+        "passkey_hits": sum(forced),
+        "passkey_interval": score(sum(forced), len(forced))["interval"],
         "passkey_by_depth": by_depth([depth for depth, _ in grid], forced),
     }
     if generate:
         result["passkey_generation_accuracy"] = sum(generated) / len(generated)
+        result["passkey_generation_hits"] = sum(generated)
+        result["passkey_generation_interval"] = score(sum(generated), len(generated))["interval"]
     return result
 
 
