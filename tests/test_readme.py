@@ -29,7 +29,7 @@ def test_the_two_commands_are_those_ci_and_the_set_up_script_run():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert "bash scripts/setup.sh" in ci and ".venv/bin/python -m pytest -q" in ci  # CI runs README's test command
     setup = (ROOT / "scripts" / "setup.sh").read_text(encoding="utf-8")
-    assert ".venv" in setup and "pip install" in setup  # the environment both commands call into
+    assert ".venv" in setup and "install" in setup  # the environment both commands call into
 
 
 def test_the_environment_is_entered_before_the_first_bare_command():
