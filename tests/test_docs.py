@@ -65,7 +65,7 @@ def test_every_relative_link_resolves(page):
 
 def test_the_link_reader_finds_what_it_looks_for(tmp_path):
     text = (
-        "See [a](docs/a.md#x), ![c](c.png \"t\") and <img src=\"d.png\">, not [w](https://x.y) or [h](#top).\n"
+        'See [a](docs/a.md#x), ![c](c.png "t") and <img src="d.png">, not [w](https://x.y) or [h](#top).\n'
         "[ref]: e.md\n`[no](inline.md)`\n```\n[no](block.md)\n```\n![p]({{ plot }})\n"
     )
     assert links(text) == ["docs/a.md#x", "c.png", "e.md", "d.png"]
