@@ -4,7 +4,7 @@
 
 On a GPU a decode step's attention is short work, so its time is set by how many operations it dispatches (each
 costs Python dispatch and, for a kernel, a launch): on an H200 the package's types took 1.7-3.6 ms a step after 8k
-cached tokens against plain sdpa's 0.15 ms (README, "GPU"). This counts them on any device: the attention module
+cached tokens against plain sdpa's 0.15 ms (docs/results/gpu.md). This counts them on any device: the attention module
 of ``bench_attention`` (32 / 8 heads, head_dim 128, bf16) steps three times on a rotating cache
 (``hf_rope_ext.rope_cache``) holding ``--cached`` random tokens, as ``bench_attention.decode`` steps it, and a
 dispatch mode counts the operations of the last step's attention call (views and slices included; those that

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/profile_decode.py [--cached 32768] [--types rerope dual_chunk] [--device cuda]
 
-On an H200 a decode step of the package's types took 2-5 ms against plain sdpa's 0.15 ms (README, "GPU"); with
+On an H200 a decode step of the package's types took 2-5 ms against plain sdpa's 0.15 ms (docs/results/gpu.md); with
 block masks given to compiled flex, ReRoPE's step took 2.5 ms after 8k or 32k cached tokens, 0.28 ms of it on the
 device: the rest is host work. ``decode_ops.py`` counts the operations on any device; this says which of them take
 the time: the attention module of ``bench_attention`` (32 / 8 heads, head_dim

@@ -294,7 +294,7 @@ def test_block_lists_skip_blocks_outside_the_range():
 @pytest.mark.parametrize("rows, columns", [(1, 40), (16, 16), (5, 3)])
 def test_a_piece_seeing_every_key_gets_a_block_mask_of_full_blocks(rows, columns):
     """Given no block mask, compiled flex builds its own inside the graph and ran a decode step's single query row
-    22x slower on an H200 (README, "GPU"): a piece that cuts nothing (a decode step's far band, a short square) is
+    22x slower on an H200 (docs/results/gpu.md): a piece that cuts nothing (a decode step's far band, a short square) is
     given a block mask listing every key block of every query block as full, none as partial. No two of its lists
     share storage: dynamo guards compiled flex's inputs against aliasing (torch 2.9.0 raised a TypeError reporting
     that guard's failure)."""

@@ -1,15 +1,16 @@
-"""Every Python snippet of README.md, docs/*.md and the model card templates runs, as a reader would run it; so does
+"""Every Python snippet of README.md, docs/**/*.md and the model card templates runs, as a reader would run it; so does
 every code block of every example's card (``examples/*/README.md``), in the card's order.
 
 Each snippet runs in a process of its own (``snippet_runner.py`` forks one per snippet from a parent that has
 imported torch and transformers but not hf_rope_ext), in a fresh folder holding tiny local models under the
 placeholder paths the docs use (``path/to/llama``, ``path/to/roformer``, ``runs/x``...). Training sizes are scaled
-down (``max_steps=N`` -> 1, ``length=N`` -> 1024) so that a fine-tuning snippet takes seconds. A block whose fence
-reads ```` ```python no-run ```` is not run: kept for snippets that need the Hub or are long measurement scripts
-whose command and figures the doc gives.
+down (``max_steps=N`` -> 1, ``length=N`` -> 1024) so that a fine-tuning snippet takes seconds. A block of README or
+docs right after a line ``<!-- not run: REASON -->`` is not run (a snippet that needs the Hub or a GPU, say); the
+reason must be given.
 
 An example's card is one job: its ```` ```python ```` blocks (each in a fresh namespace) and ```` ```bash ```` blocks
-(``bash -e``, with this Python's ``bin/`` first on PATH) run in order in a folder holding a copy of the example under
+(``bash -e``, with this Python's ``bin/`` first on PATH; a fence that reads ```` ```bash no-run ```` is left out) run in
+order in a folder holding a copy of the example under
 its own path (``examples/<name>``), so that a command block's output is there for the blocks after it. A card that
 needs SmolLM2 (it names ``smollm2``) is skipped, with the reason, where SmolLM2 cannot be fetched (as in
 ``test_real_model.py``).
@@ -34,8 +35,9 @@ from hf_rope_ext.publish.cards import write_model_card
 from hf_rope_ext.store.bundled import default_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.S | re.M)
+NOT_RUN = re.compile(r"<!-- not run: ([^\n]*?) -->\s*\Z")  # right before a fence: the block is not run
 BLOCK = re.compile(r"^```(python|bash)([^\n]*)\n(.*?)^```", re.S | re.M)
 EXAMPLES = sorted(p.parent.name for p in (ROOT / "examples").glob("*/README.md"))
 SCALE_DOWN = [(re.compile(r"\bmax_steps=\d+"), "max_steps=1"), (re.compile(r"\blength=\d+"), "length=1024")]
@@ -43,19 +45,20 @@ NTK = {"rope_type": "ntk", "factor": 4.0, "rope_theta": 10000.0}
 CARDS = ["extended", "adapter (extended config beside it)", "adapter (rope_parameters)", "export"]
 
 
-def doc_snippets() -> dict[str, tuple[str, str]]:
-    """'README.md:91' -> (fence info, code) for every ```python block of the docs."""
+def doc_snippets() -> dict[str, tuple[str | None, str]]:
+    """'README.md:91' -> (the reason it is not run, or None; code) for every ```python block of the docs."""
     found = {}
     for path in DOCS:
         text = path.read_text(encoding="utf-8")
         for match in FENCE.finditer(text):
             line = text[: match.start()].count("\n") + 1
-            found[f"{path.relative_to(ROOT)}:{line}"] = (match.group(1).strip(), match.group(2))
+            marker = NOT_RUN.search(text[max(0, match.start() - 300) : match.start()])
+            found[f"{path.relative_to(ROOT)}:{line}"] = (marker.group(1).strip() if marker else None, match.group(2))
     return found
 
 
 SNIPPETS = doc_snippets()
-RUN = sorted(name for name, (info, _) in SNIPPETS.items() if "no-run" not in info.split())
+RUN = sorted(name for name, (reason, _) in SNIPPETS.items() if reason is None)
 
 
 def tiny_llama(folder: Path, rope_parameters=None) -> None:
@@ -239,5 +242,12 @@ def test_example_card_runs(results, name):
 def test_every_template_and_doc_block_is_covered():
     templates = {p.stem for p in (ROOT / "model_cards").glob("*.md")}
     assert templates == {name.split(" ")[0] for name in CARDS}
-    assert len(RUN) >= 8 and all("no-run" in SNIPPETS[n][0] for n in set(SNIPPETS) - set(RUN))
+    assert len(RUN) >= 8 and all(SNIPPETS[n][0] for n in set(SNIPPETS) - set(RUN))  # a block not run says why
+    assert any(name.startswith("docs/") for name in RUN)
+
+
+def test_a_block_after_a_not_run_comment_is_left_out():
+    text = "<!-- not run: needs the Hub -->\n```python\nimport x\n```\n\n```python\nimport y\n```\n"
+    reasons = [NOT_RUN.search(text[max(0, m.start() - 300) : m.start()]) for m in FENCE.finditer(text)]
+    assert reasons[0].group(1) == "needs the Hub" and reasons[1] is None
     assert EXAMPLES and all("exec(compile(" in example_program(name) for name in EXAMPLES)  # each runs some Python

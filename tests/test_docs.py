@@ -1,0 +1,97 @@
+"""The Markdown a reader meets (README.md, CHANGELOG.md, docs/, the model cards): every relative link resolves, no
+page speaks of how the work was done, and the tables generated from the package are in sync with it.
+
+A link is ``[text](target)``, ``![alt](target)``, a reference ``[name]: target`` or an HTML ``src=``/``href=``,
+outside code; web addresses, in-page anchors and Jinja placeholders (``{{ plot }}`` in a card template) are not
+files. An anchor after a file (``page.md#section``) is not checked, only the file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hf_rope_ext.cli.list_types import markdown, rows
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
+CARDS = [
+    *sorted(ROOT.glob("examples/*/README.md")),
+    *sorted(ROOT.glob("model_cards/*.md")),  # the card templates, wherever they live
+    *sorted((ROOT / "hf_rope_ext").rglob("*.md")),
+]
+PAGES = {str(p.relative_to(ROOT)): p for p in DOCS + CARDS}
+CODE = re.compile(r"^(```|~~~).*?^\1[^\n]*$|`[^`\n]*`", re.S | re.M)
+LINK = re.compile(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+REFERENCE = re.compile(r"^\s*\[[^\]\n]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$", re.M)
+HTML = re.compile(r"\b(?:src|href)=\"([^\"]+)\"")
+NOT_A_FILE = re.compile(r"^(?:[a-z][a-z0-9+.-]*:|#)|\{\{|\{%", re.I)
+# how the work was done, not what the project is: leases of machines, sessions, issue numbers, the CPU the
+# measurements shared with other jobs ("release" and "GPU_LEASE", the option of benchmarks/gpu.sh, do not match)
+PROCESS_WORDS = [
+    r"\blease[sd]?\b",
+    r"\bsessions?\b",
+    r"\bissues? #?\d",
+    r"\bthis 2-core\b",
+    r"\b2-core cpu\b",
+    r"\bthis cpu\b",
+    r"\bbeside (?:test suites|the test suites|other jobs|another job|two|one or two|a real-model)\b",
+    r"\bone thread beside\b",
+    r"\bshared with other (?:jobs|work)\b",
+    r"\blent machine\b",
+    r"\bthis branch\b",
+]
+
+
+def links(text: str) -> list[str]:
+    prose = CODE.sub("", text)
+    found = LINK.findall(prose) + REFERENCE.findall(prose) + HTML.findall(prose)
+    return [target for target in found if not NOT_A_FILE.search(target)]
+
+
+def test_the_pages_are_found():
+    assert ROOT / "docs" / "README.md" in DOCS and len(DOCS) >= 15
+    assert CARDS, "no model card found"
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_every_relative_link_resolves(page):
+    path = PAGES[page]
+    broken = [t for t in links(path.read_text(encoding="utf-8")) if not (path.parent / t.split("#")[0]).exists()]
+    assert broken == [], f"{page}: links to missing files: {broken}"
+
+
+def test_the_link_reader_finds_what_it_looks_for(tmp_path):
+    text = (
+        'See [a](docs/a.md#x), ![c](c.png "t") and <img src="d.png">, not [w](https://x.y) or [h](#top).\n'
+        "[ref]: e.md\n`[no](inline.md)`\n```\n[no](block.md)\n```\n![p]({{ plot }})\n"
+    )
+    assert links(text) == ["docs/a.md#x", "c.png", "e.md", "d.png"]
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_no_page_speaks_of_how_the_work_was_done(page):
+    text = PAGES[page].read_text(encoding="utf-8").lower()
+    found = [m.group(0) for pattern in PROCESS_WORDS for m in re.finditer(pattern, text)]
+    assert found == [], f"{page}: {found}"
+
+
+def test_the_process_words_spare_the_project_words():
+    words = " ".join(["the release", "GPU_LEASE=1", "a known issue", "leased", "issue 12", "this CPU"]).lower()
+    found = [m.group(0) for pattern in PROCESS_WORDS for m in re.finditer(pattern, words)]
+    assert found == ["leased", "issue 1", "this cpu"]
+
+
+def generated_block(text: str, name: str) -> str:
+    """The text between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``."""
+    match = re.search(rf"<!-- {name}:start[^>]*-->\n(.*?)\n<!-- {name}:end -->", text, re.S)
+    assert match, f"no {name} block"
+    return match.group(1)
+
+
+def test_the_methods_table_is_the_registry():
+    """docs/methods.md's table is ``hf-rope-ext list``'s (``python scripts/docs_tables.py`` rewrites it)."""
+    text = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    assert generated_block(text, "types") == markdown(rows())

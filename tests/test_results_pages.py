@@ -1,0 +1,52 @@
+"""The figures of README's "Results at a glance" and of docs/results/real-model.md are the committed records': their
+tables are what ``experiments/results_at_a_glance.py`` makes of ``docs/results/real-model/results.json``, the chart
+script runs on those records, and the interval is Wilson's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("glance", ROOT / "experiments" / "results_at_a_glance.py")
+glance = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(glance)
+RECORDS = json.loads(glance.RECORDS.read_text(encoding="utf-8"))
+
+
+def block(path: Path, name: str) -> str:
+    """The text between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` of the page."""
+    found = re.search(rf"<!-- {name}:start -->\n(.*?)\n<!-- {name}:end -->", path.read_text(encoding="utf-8"), re.S)
+    assert found, f"{path.name} has no <!-- {name}:start --> ... <!-- {name}:end --> table"
+    return found.group(1)
+
+
+def test_the_readme_table_is_the_records_and_labelled_dev():
+    table = block(ROOT / "README.md", "results")
+    assert table == glance.table(RECORDS)  # `python experiments/results_at_a_glance.py` prints it
+    assert "dev split" in table
+
+
+@pytest.mark.parametrize("factor", [4, 2])
+def test_the_results_page_tables_are_the_records(factor):
+    table = block(ROOT / "docs" / "results" / "real-model.md", f"real-model-{factor}x")
+    assert table == glance.full_table(RECORDS, factor)
+    assert "dev split" in table and table.count("\n") >= 10
+
+
+def test_the_chart_script_runs_on_the_records(tmp_path, capsys):
+    assert glance.main(["--chart", str(tmp_path / "chart.png")]) == 0
+    assert (tmp_path / "chart.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert "10/10 [0.72, 1.00]" in capsys.readouterr().out
+    assert (ROOT / "docs/results/real-model/at-4x.png").is_file()  # the committed chart README shows
+
+
+def test_the_interval_is_wilsons():
+    """Against values worked by hand: 10/10 -> [0.722, 1], 9/12 -> [0.468, 0.911], 0/5 -> [0, 0.434]."""
+    for (hits, n), (low, high) in {(10, 10): (0.7225, 1.0), (9, 12): (0.4677, 0.9111), (0, 5): (0.0, 0.4345)}.items():
+        got = glance.wilson(hits, n)
+        assert abs(got[0] - low) < 1e-3 and abs(got[1] - high) < 1e-3, (hits, n, got)
