@@ -7,15 +7,17 @@ and filler, the one the configurations were chosen on): labelled so.
 
     python experiments/results_at_a_glance.py                  # prints the tables, writes the chart
     python experiments/results_at_a_glance.py --records R.json --chart out.png
+    python experiments/results_at_a_glance.py --write         # and put the tables into the pages that show them
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 from pathlib import Path
+
+from hf_rope_ext.eval.intervals import wilson
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "docs/results/real-model/results.json"
@@ -45,14 +47,6 @@ ROWS = [
         "lora@smollm2-yarn4-retrieval-lora:4 float32",
     ),
 ]
-
-
-def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of hits/n (95% for z = 1.96)."""
-    p = hits / n
-    centre = p + z * z / (2 * n)
-    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (centre - spread) / (1 + z * z / n), (centre + spread) / (1 + z * z / n)
 
 
 def count(records: dict, cell: str) -> tuple[int, int]:
@@ -148,8 +142,8 @@ def chart(records: dict, path: Path) -> None:
             hits, n = count(records, row[column])
             low, high = wilson(hits, n)
             rates.append(hits / n)
-            errors[0].append(hits / n - low)
-            errors[1].append(high - hits / n)
+            errors[0].append(max(0.0, hits / n - low))
+            errors[1].append(max(0.0, high - hits / n))
         ax.errorbar(rates, [i + offset for i in rows], xerr=errors, fmt="o", capsize=3, label=name)
     ax.set_yticks(list(rows), [row[0].replace("`", "") for row in ROWS])
     ax.invert_yaxis()
@@ -166,11 +160,32 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=Path, default=RECORDS, help="results.json of the real-model cells")
     parser.add_argument("--chart", type=Path, default=CHART, help="where the PNG goes")
+    parser.add_argument("--write", action="store_true", help="replace the tables in the pages (PAGES) by these")
     args = parser.parse_args(argv)
     records = json.loads(args.records.read_text(encoding="utf-8"))
-    print(table(records), full_table(records, 4), full_table(records, 2), sep="\n\n")
+    tables = {
+        "results": table(records),
+        "real-model-4x": full_table(records, 4),
+        "real-model-2x": full_table(records, 2),
+    }
+    print(*tables.values(), sep="\n\n")
     chart(records, args.chart)
+    for name, page in PAGES.items() if args.write else ():
+        replace_block(page, name, tables[name])
     return 0
+
+
+PAGES = {"results": ROOT / "README.md", "real-model-4x": ROOT / "docs/results/real-model.md"}
+PAGES["real-model-2x"] = PAGES["real-model-4x"]
+
+
+def replace_block(page: Path, name: str, text: str) -> None:
+    """The text between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` of ``page`` replaced by ``text``."""
+    found = re.compile(rf"(<!-- {name}:start -->\n).*?(\n<!-- {name}:end -->)", re.S)
+    old = page.read_text(encoding="utf-8")
+    if not found.search(old):
+        raise SystemExit(f"{page}: no <!-- {name}:start --> ... <!-- {name}:end --> block to replace")
+    page.write_text(found.sub(lambda m: m.group(1) + text + m.group(2), old), encoding="utf-8")
 
 
 if __name__ == "__main__":
