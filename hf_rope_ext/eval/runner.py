@@ -58,6 +58,8 @@ def evaluate_model(
         n = record["length"]
         if plan.perplexity:
             record.update(truncated_perplexity(model, documents, n, plan.documents, progress, losses))
+        if plan.passkey_depths or plan.multikey_prompts:
+            record["split"] = "dev"  # the probes a method is chosen on (``eval.splits``)
         if plan.passkey_depths:
             depths, trials, seed = plan.passkey_depths, plan.passkey_trials, plan.seed
             record.update(passkey_accuracy(model, tokenizer, n, depths, trials, plan.generate, seed, progress=progress))
