@@ -59,8 +59,9 @@ def check_unused(args) -> None:
             raise ValueError(f"--{flag} without --probes: it only applies to the pass-key probes")
 
 
-def run(args, path, adapter, lengths: list[int], params) -> int:
-    """Every probe of ``args.probes`` at every length; prints the table, writes --json / --plot."""
+def run(args, path, adapter, lengths: list[int], requested) -> int:
+    """Every probe of ``args.probes`` at every length on the model loaded with the ``requested`` rope parameters
+    (None: as saved, or as the adapter was trained); prints the table, writes --json / --plot."""
     import torch
 
     from ..eval import adapters, loading, metadata, probes, report
@@ -69,7 +70,7 @@ def run(args, path, adapter, lengths: list[int], params) -> int:
 
     for flag, file in (("--json", args.json), ("--plot", args.plot)):
         outputs.check_file(file, args.overwrite, flag)
-    model = loading.load_model(path, params, dtype=getattr(torch, args.dtype), adapter=adapter)
+    model = loading.load_model(path, requested, dtype=getattr(torch, args.dtype), adapter=adapter)
     model = model.merge_and_unload() if adapter is not None else model  # the probes read a plain model's cache
     tokenizer = loading.load_tokenizer(adapters.tokenizer_folder(path, adapter))
     meta = metadata.run_metadata(path, args._command, adapter)
