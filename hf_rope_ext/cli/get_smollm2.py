@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from ..store.outputs import check_dir
+from ..store.smollm2 import ensure
+from ..train.bundle import adapter_weights, bundle_adapter
 from .args import progress_argument
 
 
@@ -33,16 +36,11 @@ def add_parser(subparsers, name):
 
 
 def run(args) -> int:
-    from ..store.smollm2 import ensure
-
     if args.adapter is None:
         print(ensure(args.out))
         return 0
     if args.out is None:
         raise ValueError("--out: required with --adapter (the folder to write the adapter and its base to), got none")
-    from ..store.outputs import check_dir
-    from ..train.bundle import adapter_weights, bundle_adapter
-
     adapter_weights(args.adapter)  # both checked before SmolLM2 is fetched
     check_dir(args.out, False, "--out")
     print(bundle_adapter(args.adapter, ensure(), args.out))
