@@ -27,9 +27,9 @@ def add_parser(subparsers, name):
     parser.add_argument(
         "--adapter",
         metavar="DIR",
-        help="a peft adapter trained on this model (examples/smollm2-yarn4-pose-lora): write --out as that adapter "
-        "naming --out/base, the converted model with the adapter's config.json (its rope parameters and length), so "
-        "that peft's AutoPeftModelForCausalLM.from_pretrained(OUT) loads it right",
+        help="a peft adapter trained on this model (examples/smollm2-self-extend-retrieval-lora): write --out as "
+        "that adapter naming --out/base, the converted model with the adapter's config.json (its rope parameters and "
+        "length), so that peft's AutoPeftModelForCausalLM.from_pretrained(OUT) loads it right",
     )
     progress_argument(parser)
     return parser
