@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ..store import smollm2
 from ..store.outputs import check_dir
-from ..store.smollm2 import ensure
 from ..train.bundle import adapter_weights, bundle_adapter
 from .args import progress_argument
 
@@ -37,11 +37,11 @@ def add_parser(subparsers, name):
 
 def run(args) -> int:
     if args.adapter is None:
-        print(ensure(args.out))
+        print(smollm2.ensure(args.out))
         return 0
     if args.out is None:
         raise ValueError("--out: required with --adapter (the folder to write the adapter and its base to), got none")
     adapter_weights(args.adapter)  # both checked before SmolLM2 is fetched
     check_dir(args.out, False, "--out")
-    print(bundle_adapter(args.adapter, ensure(), args.out))
+    print(bundle_adapter(args.adapter, smollm2.ensure(), args.out))
     return 0
