@@ -24,12 +24,10 @@ OPTIONAL_KEYS = ("passkey_accuracy", "far_context_ratio")
 BASE_TAGS = ("hf-rope-ext", "rope", "long-context")
 
 
-TEMPLATES = Path(__file__).resolve().parent / "model_cards"  # one Jinja template per kind, shipped in the wheel
-
-
 def templates_dir() -> Path:
-    """``hf_rope_ext/publish/model_cards/``: the card templates (``<kind>.md``), package data."""
-    return TEMPLATES
+    """``hf_rope_ext/publish/model_cards/``: one Jinja template per kind (``<kind>.md``), package data. Read when a
+    card is written, not at import: the copy of the package that ``--remote-code`` exports vendor has no files."""
+    return Path(__file__).resolve().parent / "model_cards"
 
 
 def write_model_card(
