@@ -15,7 +15,7 @@
 #    and the longest sequence a step fits (1B and 7B shapes);
 # 3. where a decode step's time goes (benchmarks/profile_decode.py): torch.profiler over one attention call after 32k
 #    cached tokens for plain RoPE, ReRoPE, xPos and Dual Chunk Attention, into OUT/profile.txt;
-# 4. the real-model pass key at 32k (scripts/real_model_report.py, issue 24): see the HOOK line below.
+# 4. the real-model pass key at 32k (experiments/real_model_report.py, issue 24): see the HOOK line below.
 # Then benchmarks/gpu_report.py gathers them into one JSON and one markdown table. Without a CUDA device it stops
 # at once with a message and exit status 2, measuring nothing. PYTHON picks the interpreter (default .venv/bin/python).
 # GPU_LEASE=1 fits the whole script into about 11 minutes of a lent machine: each part under a time limit (a part
@@ -70,10 +70,10 @@ part 100 finetune "$PY" benchmarks/bench_finetune_gpu.py "${FINETUNE[@]}" --json
 part 60 profile "$PY" benchmarks/profile_decode.py --device cuda --cached 32768 --types default rerope xpos dual_chunk \
   || [ "$LEASE" = 1 ]
 
-# >>> HOOK real-model pass key at 32k (issue 24's scripts/real_model_report.py, which replaced real_model_passkey.py):
+# >>> HOOK real-model pass key at 32k (issue 24's experiments/real_model_report.py, which replaced real_model_passkey.py):
 # it measures on the CPU (extend.evaluate_method loads models on loading.load_model's default device) and fetches
 # SmolLM2 on first use (the GPU machine has no network: carry ~/.cache/hf_rope_ext); enable once it takes a device:
-# PYTHONPATH=. "$PY" scripts/real_model_report.py --cells yarn:4 --out "$OUT/passkey" | tee "$OUT/passkey.txt"
+# PYTHONPATH=. "$PY" experiments/real_model_report.py --cells yarn:4 --out "$OUT/passkey" | tee "$OUT/passkey.txt"
 
 "$PY" benchmarks/gpu_report.py "$OUT"
 if [ "$checked" = 124 ]; then

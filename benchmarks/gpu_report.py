@@ -4,7 +4,7 @@
 
 Reads OUT/engines.json (``check_engines.py --json``: errors against the reference engine), OUT/attention.json
 (``bench_attention.py --json``), OUT/finetune.json (``bench_finetune_gpu.py --json``) and,
-when present, the JSON files under OUT/passkey/ (``scripts/real_model_report.py --out``); a part not measured is
+when present, the JSON files under OUT/passkey/ (``experiments/real_model_report.py --out``); a part not measured is
 named as missing in both outputs.
 """
 
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     if parts["finetune"]:
         md += ["", "LoRA fine-tuning", "", *finetune_table(parts["finetune"])]
     if parts["passkey"]:
-        md += ["", "Real-model pass key: see passkey/ (scripts/real_model_report.py)"]
+        md += ["", "Real-model pass key: see passkey/ (experiments/real_model_report.py)"]
     missing = [name for name, value in parts.items() if not value]
     md += ["", f"Not measured: {', '.join(missing)}"] if missing else []
     (out / "gpu.json").write_text(json.dumps({**parts, "missing": missing}, indent=2), encoding="utf-8")

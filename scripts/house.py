@@ -9,8 +9,8 @@
 Edges: ``import a.b`` and ``from a import b`` (b a module) point to that module, ``from a import name`` to package
 ``a`` (its ``__init__``); importing a module also points to every package above it that is not above the importer
 (Python runs those ``__init__`` files first, so a circle through them is a circle). Imports inside functions count
-(they run too); imports under ``if TYPE_CHECKING:`` do not. A cycle is a strongly connected component of more than
-one module.
+(they run too), and so do imports under ``if TYPE_CHECKING:`` (a module that names another's types depends on it: a
+reader must read both). A cycle is a strongly connected component of more than one module.
 
 The package root holds only ``__init__``, ``__main__`` and ``version`` (``ROOT_MODULES``); everything else lives in
 a folder named for what it holds. Folders import each other one way: two folders that reach each other, directly or
@@ -66,15 +66,6 @@ def resolve(name: str, level: int, current: str, is_package: bool) -> str:
     return ".".join(base + ([name] if name else []))
 
 
-def type_checking_lines(tree: ast.AST) -> set[int]:
-    """Line numbers of statements under ``if TYPE_CHECKING:`` (imports there never run)."""
-    lines = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
-            lines.update(n.lineno for stmt in node.body for n in ast.walk(stmt) if hasattr(n, "lineno"))
-    return lines
-
-
 def function_lines(tree: ast.AST) -> set[int]:
     """Line numbers inside function bodies."""
     lines = set()
@@ -87,12 +78,10 @@ def function_lines(tree: ast.AST) -> set[int]:
 def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, bool]]:
     """(imported module of the package, whether the import sits inside a function) for each import of ``name``."""
     tree = ast.parse(path.read_text())
-    skipped, inside = type_checking_lines(tree), function_lines(tree)
+    inside = function_lines(tree)
     is_package = path.name == "__init__.py"
     found = []
     for node in ast.walk(tree):
-        if node.lineno in skipped if hasattr(node, "lineno") else True:
-            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -261,8 +261,8 @@ def docs_dir(tmp_path_factory):
 
 
 def load_script(name: str):
-    """The module of ``scripts/<name>.py`` (scripts are not a package), loaded afresh."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    """The module of ``experiments/<name>.py`` (the scripts that reproduce results; not a package), loaded afresh."""
+    path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -61,13 +61,12 @@ def test_bad_parameters_name_key_value_and_what_is_allowed(params, key, allowed)
         ("self_extend", "group_size"),
         ("xpos", "scale_base"),
         ("roper", "value_rotary_factor"),
-        ("string", "window"),
-        ("string", "local_window"),
         ("dual_chunk", "chunk_size"),
         ("dual_chunk", "local_size"),
     ],
 )
 def test_missing_required_parameter_is_a_key_error(name, key):
+    """(STRING's window and local_window have the authors' defaults: ``test_method_string.py``.)"""
     params = {k: v for k, v in registry.example_parameters(registry.get_method(name)).items() if k != key}
     with pytest.raises(KeyError) as excinfo:
         tiny_config(rope_parameters=params)

@@ -12,7 +12,7 @@ import torch
 from conftest import ENGINE_PARAMS, fast_plans, tiny_model, with_rope
 from torch.nn import functional as F
 
-from hf_rope_ext.attention import function
+from hf_rope_ext.attention import function, rotation
 from hf_rope_ext.attention.engine import (
     call,
     kernels,
@@ -22,7 +22,6 @@ from hf_rope_ext.attention.engine import (
     single_band,
     two_band,
 )
-from hf_rope_ext.layout import rotation
 
 PARAMS = ENGINE_PARAMS
 TYPES = sorted(PARAMS)

@@ -173,4 +173,4 @@ def test_a_shipped_adapter_names_no_path_of_the_machine_that_trained_it(folder):
         assert not re.search(r"(/root/|/work/|/tmp/|/home/|[A-Z]:\\\\)", text), (name, folder.name)
     card = ModelCard.load(folder / "README.md")
     assert card.data.base_model == smollm2.BASE and card.data.license == "apache-2.0"
-    assert "\n## Measured\n" in card.text and "scripts/real_model_report.py" in card.text
+    assert "\n## Measured\n" in card.text and "experiments/real_model_report.py" in card.text

@@ -71,10 +71,12 @@ def test_list_json_keeps_json_types(capsys):
         assert set(row["parameters"]) == set(method.params) | {"original_max_position_embeddings"}
         for key, spec in params.items():
             required = spec.default is registry.REQUIRED
-            assert row["parameters"][key] == {"default": None if required else spec.default, "required": required}
+            default = spec.default.text if isinstance(spec.default, registry.FromLength) else spec.default
+            assert row["parameters"][key] == {"default": None if required else default, "required": required}
     assert rows["ntk_by_parts"]["parameters"]["beta_fast"]["default"] == 32.0  # a number, not "32.0"
     assert rows["ntk_by_parts"]["parameters"]["truncate"]["default"] is True  # a boolean, not "True"
     assert rows["yarn"]["parameters"]["factor"] == {"default": None, "required": True}
+    assert rows["string"]["parameters"]["window"] == {"default": "L0 // 3", "required": False}  # the authors' S
     assert rows["dynamic"]["dynamic"] is True and rows["linear"]["dynamic"] is False
 
 

@@ -64,7 +64,7 @@ def test_bad_split_is_an_error():
 
 
 def pretrain_script():
-    spec = importlib.util.spec_from_file_location("pretrain", ROOT / "scripts" / "pretrain_tiny_llama.py")
+    spec = importlib.util.spec_from_file_location("pretrain", ROOT / "experiments" / "pretrain_tiny_llama.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return script

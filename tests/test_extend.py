@@ -13,8 +13,8 @@ import torch
 from conftest import EVAL_L0 as L0
 from conftest import eval_llama_config, save_eval_llama
 
-from hf_rope_ext.attention import extension_defaults
 from hf_rope_ext.attention.methods import self_extend
+from hf_rope_ext.attention.methods.params import FAR_WINDOW_FRACTION
 from hf_rope_ext.cli import main
 from hf_rope_ext.eval import compare, load_model
 from hf_rope_ext.eval.runner import EvalPlan
@@ -35,7 +35,7 @@ def test_applicable_methods_come_from_the_registry():
 
 @pytest.mark.parametrize("factor", [2.0, 3.0, 4.0, 8.0, 16.0])
 def test_default_parameters_fit_the_target_length_into_the_pretrained_distances(factor):
-    window = L0 // extension_defaults.FAR_WINDOW_FRACTION
+    window = L0 // FAR_WINDOW_FRACTION
     for method in registry.methods():
         params = compare.default_parameters(method.name, L0, factor)
         if "group_size" in params:  # self-extend: its authors' rule, checked below
@@ -52,6 +52,19 @@ def test_default_parameters_fit_the_target_length_into_the_pretrained_distances(
             )
         elif "window" in params:
             assert params["window"] == window
+
+
+def test_a_method_declares_its_own_defaults(monkeypatch):
+    """A new type's ``defaults`` hook is what extend and finetune use, at each factor; none: nothing of its own."""
+    rerope = registry.get_method("rerope")
+    hook = lambda pretrain, factor: {"window": pretrain // 2 + int(factor or 0)}  # noqa: E731
+    monkeypatch.setitem(registry._METHODS, "test_half", registry.RopeMethod(**{**vars(rerope), "name": "test_half",
+                                                                               "defaults": hook}))  # fmt: skip
+    monkeypatch.setitem(registry._METHODS, "test_none", registry.RopeMethod(**{**vars(rerope), "name": "test_none",
+                                                                               "defaults": None}))  # fmt: skip
+    assert compare.default_parameters("test_half", L0, 4.0) == {"window": L0 // 2 + 4}
+    assert compare.default_parameters("test_half", L0, None) == {"window": L0 // 2}
+    assert compare.default_parameters("test_none", L0, 4.0) == {} == compare.default_parameters("yarn", L0, 4.0)
 
 
 @pytest.mark.parametrize("pretrained", [64, 4096, 8192, 131072])

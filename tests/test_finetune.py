@@ -14,14 +14,13 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, ByT5Tokenizer
 
 import hf_rope_ext
-from hf_rope_ext.attention.extension_defaults import default_parameters
 from hf_rope_ext.cli import main
 from hf_rope_ext.eval.data import load_token_documents, long_enough
 from hf_rope_ext.train import FinetuneConfig, finetune, load_adapter
 from hf_rope_ext.train.lora import apply_lora, embedding_module_name, norm_module_names
 from hf_rope_ext.train.model import extended_config
 from hf_rope_ext.types import registry
-from hf_rope_ext.types.registry import REQUIRED, get_method
+from hf_rope_ext.types.registry import REQUIRED, default_parameters, get_method
 
 L0 = 32  # the tiny base model's max_position_embeddings
 

@@ -1,4 +1,4 @@
-"""scripts/lora_at_4x.py: every (type, schedule) run fine-tunes into its own folder and the report holds each run's
+"""experiments/lora_at_4x.py: every (type, schedule) run fine-tunes into its own folder and the report holds each run's
 before and after measures, read from the runs' own results."""
 
 import json

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_config, tiny_model
+from conftest import error_text, tiny_config, tiny_model
 from huggingface_hub.errors import StrictDataclassError
 from pair_reference import layer_output_and_reference
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from hf_rope_ext.types import registry
 
 LENGTH = 24
 
@@ -103,3 +105,36 @@ def test_frequencies_underneath_keep_the_cache_exact(implementation, ramp):
         for step, scores in enumerate(out.scores):
             recompute = model(out.sequences[:, : 20 + step], use_cache=False).logits[:, -1]
             torch.testing.assert_close(scores, recompute, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("given", [{}, {"original_max_position_embeddings": 30}, {"window": 12}, {"local_window": 3}])
+def test_left_out_window_and_local_window_take_the_authors_defaults(given):
+    """S = L0 // 3 and W = 128 at most S // 2 (L0 = 64 here: 21 and 10) when a config leaves them out: the same
+    logits as those values written out; an explicit value is kept (W's default follows the S in force)."""
+    rope = {"rope_type": "string", **given}
+    pretrained = given.get("original_max_position_embeddings", 64)
+    shift = given.get("window", pretrained // 3)
+    written = {"window": shift, "local_window": given.get("local_window", min(128, shift // 2))}
+    ids = torch.randint(3, 97, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got = tiny_model("llama", rope, seed=4)(ids).logits
+        expected = tiny_model("llama", {**rope, **written}, seed=4)(ids).logits
+        shifted = tiny_model("llama", {**rope, **written, "local_window": written["local_window"] + 1}, seed=4)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert not torch.allclose(got, shifted(ids).logits)  # the defaults matter past the shift
+
+
+def test_the_authors_w_is_128_below_a_long_shift():
+    config = tiny_config(max_position_embeddings=4096)
+    params = registry.filled({"rope_type": "string"}, registry.get_method("string"), config)
+    assert params["window"] == 1365 and params["local_window"] == 128
+
+
+@pytest.mark.parametrize(
+    "given, key", [({"window": 65}, "'window'"), ({"local_window": 21}, "'local_window'"), ({"window": 0}, "'window'")]
+)
+def test_an_invalid_value_given_is_still_refused(given, key):
+    """Beside a default: S above L0 = 64, W not below the default S = 21, S below 1."""
+    with pytest.raises((ValueError, StrictDataclassError)) as excinfo:
+        tiny_config(rope_parameters={"rope_type": "string", **given})
+    assert key in error_text(excinfo)

@@ -1,4 +1,4 @@
-"""scripts/multikey_at.py: one line per run, with the probe's figures, the rope parameters asked for and the command
+"""experiments/multikey_at.py: one line per run, with the probe's figures, the rope parameters asked for and the command
 that gives them again."""
 
 import json

@@ -16,7 +16,7 @@ BF16_ROUNDING = 2.0**-8
 FP32_ANGLE_ERROR = 1.6e-2
 
 
-# dynamic types (dynamic_yarn) are rotated inside the attention function, with float64 angles (layout/rotation.py)
+# dynamic types (dynamic_yarn) are rotated inside the attention function, with float64 angles (attention/rotation.py)
 STATIC = [m for m in registry.methods() if m.kind == "frequency" and not m.dynamic]
 
 

@@ -131,20 +131,14 @@ def test_a_yarn_gguf_for_llama_cpp_loads_back_with_its_rope(real_model_dir, tmp_
 
 
 SHIPPED = {  # examples/<name>: the rope type and parameters each adapter was trained under
-    "smollm2-yarn4-pose-lora": ("yarn", {"factor": 4.0}),
-    "smollm2-yarn4-retrieval-lora": ("yarn", {"factor": 4.0}),
-    "smollm2-dual-chunk-retrieval-lora": ("dual_chunk", {"chunk_size": 6144, "local_size": 512}),
     "smollm2-self-extend-retrieval-lora": ("self_extend", {"window": 2048, "group_size": 9}),
-    "smollm2-string2-retrieval-lora": (
-        "string",
-        {"window": 8192, "local_window": 128, "frequencies": "plain", "frequency_factor": None, "ramp": 512},
-    ),
 }
+ADAPTER = ROOT / "examples" / "smollm2-self-extend-retrieval-lora"
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_a_shipped_adapter_loads_on_the_real_model_and_changes_its_output(real_model_dir, name):
-    """examples/smollm2-*-lora (PoSE LoRAs at 4x): loaded on the converted SmolLM2 with its extended config, the
+    """examples/smollm2-*-lora (a PoSE LoRA at 4x): loaded on the converted SmolLM2 with its extended config, the
     base gets the rope it was trained under and the adapter moves the logits; merged, it gives the same logits."""
     adapter = ROOT / "examples" / name
     model = load_adapter(str(adapter), base=str(real_model_dir), dtype=torch.float32).eval()
@@ -156,31 +150,35 @@ def test_a_shipped_adapter_loads_on_the_real_model_and_changes_its_output(real_m
     torch.testing.assert_close(logits(model.merge_and_unload()), tuned, rtol=1e-4, atol=1e-4)
 
 
-def test_the_retrieval_adapter_tells_three_keys_apart_where_yarn_alone_does_not(real_model_dir):
-    """One 4096-token prompt with three keys (depths 1/12, 5/12, 9/12), each asked after the shared prefill: yarn x4
-    on SmolLM2 answers the 5/12 one with the 9/12 one's key; with examples/smollm2-yarn4-retrieval-lora merged, all
-    three are right. A broken load (the adapter not applied, the wrong rope) gives yarn's answers."""
-    adapter = ROOT / "examples" / "smollm2-yarn4-retrieval-lora"
-    tokenizer, keys, where = AutoTokenizer.from_pretrained(real_model_dir), [46044, 68239, 24933], depths(3, 0, 2)
-    tuned = load_adapter(str(adapter), base=str(real_model_dir), dtype=torch.float32).eval().merge_and_unload()
-    params = hf_rope_ext.rope_parameters_for(real_model_dir, "yarn", factor=4.0)
+def test_the_retrieval_adapter_tells_keys_apart_where_self_extend_alone_does_not(real_model_dir):
+    """One 4096-token prompt with three keys (depths 3/12, 7/12, 11/12), each asked after the shared prefill:
+    Self-Extend (window 2048, groups of 9) on SmolLM2 answers every question with the last key planted; with the
+    shipped adapter merged, the first and the last are right. A broken load (the adapter not applied, the wrong rope)
+    gives Self-Extend's answers."""
+    tokenizer, keys, where = AutoTokenizer.from_pretrained(real_model_dir), [46044, 68239, 24933], depths(3, 1, 2)
+    tuned = load_adapter(str(ADAPTER), base=str(real_model_dir), dtype=torch.float32).eval().merge_and_unload()
+    rope_type, values = SHIPPED[ADAPTER.name]
+    params = hf_rope_ext.rope_parameters_for(real_model_dir, rope_type, **values)
     answers = lambda model: [t.strip()[:5] for _, _, t in probe_prompt(model, tokenizer, 4096, keys, where)]  # noqa: E731
-    assert answers(tuned) == [str(k) for k in keys]
-    assert answers(load(real_model_dir, rope_parameters=params)) != [str(k) for k in keys]
+    hits = lambda found: sum(a == str(k) for a, k in zip(found, keys, strict=True))  # noqa: E731
+    plain = answers(load(real_model_dir, rope_parameters=params))
+    assert plain == ["24933"] * 3 and hits(answers(tuned)) >= 2
 
 
 def test_the_shipped_adapter_bundled_loads_right_in_stock_peft(real_model_dir, tmp_path):
     """The card's way for stock peft: `get-smollm2 --adapter` writes the adapter with the extended base folder it
     names; AutoPeftModelForCausalLM then gives load_adapter's logits. On the shipped folder alone it builds the base
-    with the base's own config (rope type default, 8192 positions), so its logits differ."""
+    with the base's own config (rope type default, 8192 positions): the adapter on plain RoPE, which Self-Extend
+    equals only inside its 2048-token window (the 256 tokens read here)."""
     from peft import AutoPeftModelForCausalLM
 
-    adapter = ROOT / "examples" / "smollm2-yarn4-pose-lora"
+    adapter = ADAPTER
     out = tmp_path / "bundle"
     assert main(["get-smollm2", "--adapter", str(adapter), "--out", str(out)]) == 0
     expected = logits(load_adapter(str(adapter), base=str(real_model_dir), dtype=torch.float32).eval())
     bundled = AutoPeftModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
-    assert bundled.config.rope_parameters["rope_type"] == "yarn" and bundled.config.max_position_embeddings == 32768
+    rope = bundled.config.rope_parameters
+    assert rope["rope_type"] == "self_extend" and bundled.config.max_position_embeddings == 32768
     assert torch.equal(logits(bundled), expected)
     pointed = tmp_path / "pointed"  # the shipped folder, its base_model_name_or_path the local converted base
     shutil.copytree(adapter, pointed)
@@ -188,4 +186,4 @@ def test_the_shipped_adapter_bundled_loads_right_in_stock_peft(real_model_dir, t
     (pointed / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(real_model_dir)}))
     alone = AutoPeftModelForCausalLM.from_pretrained(str(pointed), dtype=torch.float32).eval()
     assert alone.config.rope_parameters["rope_type"] == "default" and alone.config.max_position_embeddings == 8192
-    assert not torch.allclose(logits(alone), expected, atol=1e-2)
+    torch.testing.assert_close(logits(alone), expected, rtol=1e-4, atol=1e-3)  # the adapter applied, inside the window

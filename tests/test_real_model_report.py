@@ -1,5 +1,5 @@
-"""scripts/real_model_report.py (and scripts/ruler_report.py): a cell run with ``--rope-param`` is stored beside the
-one with the defaults, its row says which values it ran with, and its command gives them back."""
+"""experiments/real_model_report.py (and experiments/ruler_report.py): a cell run with ``--rope-param`` is stored
+beside the one with the defaults, its row says which values it ran with, and its command gives them back."""
 
 import json
 import shlex
@@ -26,13 +26,17 @@ def test_a_cell_with_parameters_has_a_key_of_its_own(script):
     assert script.stored_key("string:2", adapter, "float32", {}) == "string:2 float32"
     key = script.stored_key("string:2:1key", adapter, "float32", CHOSEN)
     assert key == "string:2:1key[window=8192,local_window=128,frequencies=plain,frequency_factor=None] float32"
+    # a lora cell names its adapter, the default one too: the key the shipped adapter's records are stored under
+    assert script.stored_key("lora:4", adapter, "float32", {}) == "lora@smollm2-self-extend-retrieval-lora:4 float32"
+    stored = json.loads((ROOT / "docs" / "results" / "real-model" / "results.json").read_text())
+    assert script.stored_key("lora:4:1key", adapter, "float32", {}) in stored
 
 
 def test_the_parameters_go_over_the_defaults_and_into_the_row(script):
     rope_type, extra, name = script.split_method("string+constant", 2, CHOSEN)
     assert rope_type == "string" and extra == {"attention_temperature": "constant", "temperature_factor": 2.0, **CHOSEN}
     assert name.endswith(" window=8192 local_window=128 frequencies=plain frequency_factor=None")
-    config = loading.load_config(ROOT / "examples" / "smollm2-yarn4-pose-lora")
+    config = loading.load_config(ROOT / "examples" / "smollm2-self-extend-retrieval-lora")
     params = compare.run_parameters(config, rope_type, 2.0, 8192, extra)
     assert params["window"] == 8192 and params["frequencies"] == "plain" and "frequency_factor" not in params
     assert compare.run_parameters(config, rope_type, 2.0, 8192, {})["frequencies"] == "ntk_by_parts"
@@ -44,12 +48,12 @@ def test_the_command_gives_the_parameters_back():
 
 
 def test_a_lora_row_names_the_rope_type_its_adapter_was_trained_under(script, tmp_path):
-    assert adapter_label(script.ADAPTER) == "yarn x4 + LoRA smollm2-yarn4-pose-lora"
-    adapter = tmp_path / "smollm2-dual-chunk-retrieval-lora"
+    assert adapter_label(script.ADAPTER) == "self_extend + LoRA smollm2-self-extend-retrieval-lora"
+    adapter = tmp_path / "smollm2-dual-chunk-lora"
     adapter.mkdir()
     params = {"rope_type": "dual_chunk", "chunk_size": 6144, "local_size": 512}
     (adapter / "config.json").write_text(json.dumps({"rope_parameters": params}))
-    assert adapter_label(adapter) == "dual_chunk + LoRA smollm2-dual-chunk-retrieval-lora"
+    assert adapter_label(adapter) == "dual_chunk + LoRA smollm2-dual-chunk-lora"
 
 
 def test_a_lora_cell_merges_once_per_adapter_weights(script, tmp_path, monkeypatch):
@@ -83,7 +87,7 @@ def test_a_lora_cell_merges_once_per_adapter_weights(script, tmp_path, monkeypat
 def test_a_single_key_cell_command_keeps_its_flags_before_the_comment(script):
     command = script.single_command(("lora", 4, 10), "float32", {"window": 8192}, script.ADAPTER)
     words = shlex.split(command, comments=True)
-    assert words[-4:] == ["--rope-param", "window=8192", "--adapter", "examples/smollm2-yarn4-pose-lora"]
+    assert words[-4:] == ["--rope-param", "window=8192", "--adapter", "examples/smollm2-self-extend-retrieval-lora"]
     assert command.endswith("  # 10 keys")
 
 
@@ -94,8 +98,9 @@ def test_every_cell_asks_as_many_probes_as_the_issue_sets(script):
 
 
 def test_a_ruler_cell_key_and_command_give_its_parameters_back():
-    """scripts/ruler_report.py: a cell with --rope-param values has its own key, and the ``hf-rope-ext eval`` command
-    stored with it sets the type, the factor and every parameter the cell ran with (the record's saved keys aside)."""
+    """experiments/ruler_report.py: a cell with --rope-param values has its own key, and the ``hf-rope-ext eval``
+    command stored with it sets the type, the factor and every parameter the cell ran with (the record's saved keys
+    aside)."""
     from argparse import Namespace
 
     ruler = load_script("ruler_report")
@@ -126,7 +131,7 @@ def test_a_ruler_cell_key_and_command_give_its_parameters_back():
     ],
 )
 def test_a_ruler_answer_is_sorted_by_where_its_number_comes_from(answer, kind):
-    """scripts/ruler_answers.py: an answer's first number against the value asked and the prompt's other values
+    """experiments/ruler_answers.py: an answer's first number against the value asked and the prompt's other values
     (a 7-digit run inside a longer number is no value of the prompt)."""
     answers = load_script("ruler_answers")
     prompt = "One of the special magic numbers for apple is: 7771611. ... for pear is: 8734194. Page 123456789."
@@ -148,7 +153,7 @@ def test_a_ruler_answer_is_sorted_by_where_its_number_comes_from(answer, kind):
     ],
 )
 def test_a_three_key_miss_is_sorted_by_where_its_number_comes_from(answer, asked, kind):
-    """scripts/multikey_misses.py: a miss's first number against the keys of its own prompt, in planted order."""
+    """experiments/multikey_misses.py: a miss's first number against the keys of its own prompt, in planted order."""
     misses = load_script("multikey_misses")
     prompt = misses.prompts_of(12)
     assert prompt[46044] == [46044, 68239, 24933] and prompt[65683] == [65683, 34101, 46866]
@@ -156,7 +161,8 @@ def test_a_three_key_miss_is_sorted_by_where_its_number_comes_from(answer, asked
 
 
 def test_three_key_misses_are_counted_by_the_key_asked(tmp_path, monkeypatch, capsys):
-    """scripts/multikey_misses.py's last line: each miss counted by where the key asked was planted in its prompt."""
+    """experiments/multikey_misses.py's last line: each miss counted by where the key asked was planted in its
+    prompt."""
     misses = load_script("multikey_misses")
     record = {"length": 32768, "multikey_probes": 12, "multikey_misses": []}
     record["multikey_misses"] = [[0.04, 46044, " 68239"], [0.3, 34101, " 46866"], [0.9, 46866, " 65683"]]

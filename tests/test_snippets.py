@@ -31,6 +31,7 @@ import pytest
 import torch
 
 import hf_rope_ext
+from hf_rope_ext.publish import cards
 from hf_rope_ext.publish.cards import write_model_card
 from hf_rope_ext.store.bundled import default_model_path
 
@@ -116,7 +117,7 @@ def build_models(root: Path) -> None:
 
 
 def card_snippets(root: Path) -> dict[str, str]:
-    """The usage snippet of a card rendered from each template in model_cards/."""
+    """The usage snippet of a card rendered from each template in hf_rope_ext/publish/model_cards/."""
     folders = {"extended": root / "out/llama-ntk4"}
     folders["adapter (extended config beside it)"] = root / "runs/x"
     adapter(root / "runs/bare", root / "path/to/base", with_config=False)
@@ -240,7 +241,7 @@ def test_example_card_runs(results, name):
 
 
 def test_every_template_and_doc_block_is_covered():
-    templates = {p.stem for p in (ROOT / "model_cards").glob("*.md")}
+    templates = {p.stem for p in cards.templates_dir().glob("*.md")}
     assert templates == {name.split(" ")[0] for name in CARDS}
     assert len(RUN) >= 8 and all(SNIPPETS[n][0] for n in set(SNIPPETS) - set(RUN))  # a block not run says why
     assert any(name.startswith("docs/") for name in RUN)

@@ -54,8 +54,9 @@ VALID_PARAM_MAPPING = {
     "long_factor": ["longrope"],
 }
 # types a dict of rope_type and rope_theta alone describes completely: transformers' "default" and "proportional",
-# exempted by name in its test; every type of the package names at least one required key
-KEY_FREE = {"default", "proportional"}
+# exempted by name in its test, and the package's "string" (its authors' defaults, computed from L0); every other type
+# of the package names at least one required key
+KEY_FREE = {"default", "proportional", "string"}
 SHAPES = [("flat", False), ("nested", True), ("nested", False)]  # transformers' (is_nested, same_rope_per_layer)
 
 

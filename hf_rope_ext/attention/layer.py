@@ -158,11 +158,11 @@ def resolve(module) -> Layer | None:
         return None
     layer = _LAYERS.get(module)
     if layer is None or layer.rope is not rope or layer.layer_type != layer_type or layer.snapshot != rope:
-        layer = _LAYERS[module] = build(name, rope, layer_type)
+        layer = _LAYERS[module] = build(name, rope, layer_type, module.config)
     return layer
 
 
-def build(name: str, rope: dict, layer_type: str | None) -> Layer:
+def build(name: str, rope: dict, layer_type: str | None, config) -> Layer:
     method = registry.get_method(name)
     form = method.attention if method.attention is not None else PLAIN
-    return Layer(name, method, form, registry.filled(rope, method), layer_type, rope, dict(rope))
+    return Layer(name, method, form, registry.filled(rope, method, config), layer_type, rope, dict(rope))

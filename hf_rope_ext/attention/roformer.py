@@ -29,9 +29,9 @@ import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..frequencies.common import inv_freq_for_base, rope_setup
-from ..layout.rotation import cos_sin, turn
 from ..models.family import check_layout, head_dim_of
 from ..types import registry
+from .rotation import cos_sin, turn
 
 NATIVE_LAYOUT = "interleaved"
 ROFORMER_BASE = 10000.0  # the base transformers hard-codes in RoFormer's sinusoidal table
@@ -205,7 +205,7 @@ class RoformerRope:
 
 def sin_cos_rows(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> torch.Tensor:
     """positions [L] x inv_freq [d/2] -> [L, d] = [sin * scale | cos * scale], the stock table's row format, by the
-    package's one precision rule (``layout.rotation``: float64 angles, cast to float32)."""
+    package's one precision rule (``attention.rotation``: float64 angles, cast to float32)."""
     cos, sin = cos_sin(positions, inv_freq, scale)  # [L, d/2] each
     return torch.cat((sin, cos), dim=-1)
 

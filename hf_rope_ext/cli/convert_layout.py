@@ -36,7 +36,7 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..layout.files import convert_directory
+    from ..layout.files import convert_directory  # torch: loaded when the command runs
 
     result = convert_directory(args.src, args.dst, args.to, overwrite=args.overwrite, config_dir=args.config)
     print(f"{result.kind} {args.src}: rope_layout {result.source} -> {result.to}")

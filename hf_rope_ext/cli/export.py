@@ -28,7 +28,7 @@ def add_parser(subparsers, name):
 
 
 def run(args) -> int:
-    from ..publish.export import export
+    from ..publish.export import export  # torch: loaded when the command runs
 
     result = export(
         args.src,

@@ -5,10 +5,12 @@ With ``--rope-type T --factor F --out DIR``: also save the patched model with it
 
 from __future__ import annotations
 
+import resource
 import shlex
 import time
 from pathlib import Path
 
+from ..store import bundled, outputs
 from . import ruler_cmd
 from .args import comma_list, factor, model_argument, non_negative_int, positive_int, progress_argument
 from .eval_cmd import add_rope_arguments
@@ -92,10 +94,9 @@ def factor_list(args) -> list[float]:
 
 
 def run(args) -> int:
-    from ..eval import compare, loading, parse_rope_params
+    from ..eval import compare, extend_report, loading, parse_rope_params  # torch: loaded when the command runs
     from ..eval.metadata import run_metadata
     from ..eval.runner import EvalPlan
-    from ..store import bundled, outputs
 
     started = time.time()
     if args.out is not None and args.rope_type in loading.NONE_TYPES:
@@ -104,7 +105,8 @@ def run(args) -> int:
     flag = "--out" if args.out is not None else "--report-dir"
     stage = outputs.Staged(target, args.overwrite, flag, writes_card=args.out is not None)  # refused before any work
     path = loading.check_model_path(args.model or bundled.default_model_path())
-    fill_defaults(args, loading.pretraining_length(loading.load_config(path)))
+    pretrain = loading.pretraining_length(loading.load_config(path))
+    fill_defaults(args, pretrain)
     extra = parse_rope_params(args.rope_param)
     if extra and args.rope_type is None and args.methods is None:
         raise ValueError(f"--rope-param {sorted(extra)} given without --rope-type or --methods")
@@ -126,11 +128,13 @@ def run(args) -> int:
     records = compare.run_comparison(
         path, methods, factor_list(args), plan, args.data, not args.no_progress, extra, dtype=args.dtype
     )
-    pretrain = loading.pretraining_length(loading_config(path))
     meta = run_metadata(path, command_line(args), data=args.data)
-    text = tables(records, args, meta)
+    model = args.model or f"{bundled.default_model_path()} (bundled)"
+    text = extend_report.markdown(
+        records, plan, meta, model=str(model), data=args.data, dtype=args.dtype, peak_gib=peak_memory_gib()
+    )
     with stage as out:  # written into a temporary sibling, renamed at the end
-        written = write_report(records, args, path, text, out, pretrain, meta)
+        written = extend_report.write_files(records, plan, text, out, name=path.name, pretrain=pretrain, meta=meta)
         if args.out is not None:
             chosen = [r for r in records if r["rope_type"] in (args.rope_type, "none") and "perplexity" in r]
             length = int(max(factor_list(args)) * pretrain)
@@ -179,87 +183,7 @@ def chosen_methods(args) -> list | None:
 
 def peak_memory_gib() -> float:
     """The peak resident memory of this process so far, GiB (Linux reports ru_maxrss in KiB)."""
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def write_report(records, args, path, text: str, out: Path, pretrain: int, meta: dict) -> list[tuple[str, str]]:
-    """report.md, report.json (records and the run's metadata) and the plots into ``out``; returns (what, file
-    name) pairs."""
-    from ..eval import report
-
-    (out / "report.md").write_text(text, encoding="utf-8")
-    report.write_json(records, out / "report.json", meta)
-    report.plot_perplexity(records, out / "perplexity.png", pretrain, title=f"{path.name}: perplexity vs length")
-    written = [("report", "report.json"), ("plot", "perplexity.png")]
-    if any("far_context_ratio" in r for r in records):
-        report.plot_far_context(records, out / "far_context.png", f"{path.name}: {FAR_TITLE}")
-        written.append(("far-context plot", "far_context.png"))
-    if args.passkey_depths:
-        report.plot_passkey_grid(records, out / "passkey.png", passkey_title(path))
-        written.append(("passkey heatmaps", "passkey.png"))
-    return written + [("report.md", "report.md")]
-
-
-FAR_TITLE = "far-context ratio vs length (below 1: the context beyond L0 helps)"
-
-
-def tables(records, args, meta: dict) -> str:
-    """The Markdown report: what was run (model, documents, date, command, versions), then the tables."""
-    from ..eval import report
-
-    parts = [
-        header(records, args, meta),
-        "Perplexity (at s x L0 the method runs with factor s; at L0 with the smallest factor):",
-        "",
-    ]
-    parts += [report.pivot_table(records, "perplexity"), ""]
-    if any("far_context_ratio" in r for r in records):
-        parts += [far_context_intro(records), "", report.pivot_table(records, "far_context_ratio"), ""]
-    if args.last_chunk:
-        parts += [f"Loss on the last {args.last_chunk} tokens as the context grows (largest factor):", ""]
-        parts += [report.pivot_table(records, "last_chunk_loss"), ""]
-    if args.passkey_prompts:
-        parts += [
-            f"Pass keys by greedy generation ({args.passkey_prompts} prompts x {args.passkey_keys} keys per cell, "
-            "each prompt read once and every key asked through its KV cache):",
-            "",
-            report.pivot_table(records, "multikey_accuracy"),
-            "",
-        ]
-    if args.passkey_depths:
-        parts += [
-            f"Passkey accuracy (teacher-forced; {args.passkey_depths} depths x {args.passkey_trials} keys per cell):",
-            "",
-            report.pivot_table(records, "passkey_accuracy"),
-            "",
-        ]
-    return "\n".join(parts)
-
-
-def header(records, args, meta: dict) -> str:
-    """Model, documents, date, the command line and the versions (``meta``: the run's metadata), as the report's
-    first lines."""
-    from ..store import bundled
-
-    model = args.model or f"{bundled.default_model_path()} (bundled)"
-    data = "the bundled eval split (stdlib files)" if args.data is None else ", ".join(args.data)
-    counts = sorted({r["documents"] for r in records if "documents" in r})
-    versions = ", ".join(f"{name} {v}" for name, v in meta["versions"].items() if v)
-    return "\n".join(
-        [
-            "# hf-rope-ext extend",
-            "",
-            f"- model: `{model}` (config and weights sha256 `{meta['model_sha256']}`)",
-            f"- documents: {'/'.join(map(str, counts)) or '-'} per length, the first long enough for the longest "
-            f"length in file order, from {data}",
-            f"- date: {meta['date']}, dtype {args.dtype}, peak resident memory {peak_memory_gib():.2f} GiB",
-            f"- command (equivalent): `{meta['command']}`",
-            f"- versions: {versions}",
-            "",
-        ]
-    )
 
 
 def command_line(args) -> str:
@@ -278,22 +202,3 @@ def command_line(args) -> str:
     words += ["--passkey-keys", str(args.passkey_keys)] if args.passkey_prompts else []
     words += ["--dtype", args.dtype] if args.dtype != "float32" else []
     return shlex.join(words + (["--generate"] if args.generate else []))
-
-
-def far_context_intro(records) -> str:
-    base = next(r["far_context_baseline"] for r in records if "far_context_baseline" in r)
-    return (
-        "Far-context perplexity ratio: loss on the last L0 - 1 tokens of the longest window, read with N tokens of "
-        "context, against the model as saved reading the same tokens through a sliding L0-token window "
-        f"(baseline loss {base:.4f} nats); exp(loss - baseline), below 1 only where the longer context helps:"
-    )
-
-
-def passkey_title(path) -> str:
-    return f"{Path(path).name}: passkey accuracy (teacher-forced) by depth and length"
-
-
-def loading_config(path):
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(path)

@@ -7,9 +7,14 @@ Runs as a plain command on one device, or under ``accelerate launch --config_fil
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 
+from ..store.bundled import default_model_path
+from ..train.checkpoints import latest_checkpoint
 from ..train.config import GROUPS, FinetuneConfig, parse_stages
 from .args import (
     add_rope_arguments,
@@ -115,8 +120,7 @@ def add_shared(group, shared: str) -> None:
 def config_of(args):
     """The FinetuneConfig of the command line, each field from its flag; a model folder is checked here (no Hub
     lookup for a path)."""
-    from ..eval import loading
-    from ..store.bundled import default_model_path
+    from ..eval import loading  # torch: loaded when the command runs
 
     if args.max_steps is None and not args.stages:
         raise ValueError("--max-steps is required (or --stages 'length:steps,...', which gives the steps)")
@@ -135,7 +139,7 @@ def config_of(args):
 
 def run(args) -> int:
     try:
-        from ..train import finetune
+        from ..train.job import finetune  # torch: loaded when the command runs
 
         result = finetune(config_of(args))
     except KeyboardInterrupt:
@@ -159,17 +163,11 @@ INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
 
 def is_main() -> bool:
     """Rank 0 of a launch (or no launcher): the one process that prints the command's messages."""
-    import os
-
     return os.environ.get("RANK", "0") == "0"
 
 
 def interrupted(out: str) -> int:
     """Ctrl-C: one short message on stderr, and the command that resumes from the newest checkpoint of ``--out``."""
-    import sys
-
-    from ..train.checkpoints import latest_checkpoint
-
     found = latest_checkpoint(Path(out) / "checkpoints")
     message = "interrupted before the first checkpoint; nothing to resume" if found is None else resume_note(found)
     if is_main():
@@ -179,10 +177,6 @@ def interrupted(out: str) -> int:
 
 def resumable(out: str) -> None:
     """After a failure: the checkpoint the run reached (kept in ``--out``) and the command that resumes from it."""
-    import sys
-
-    from ..train.checkpoints import latest_checkpoint
-
     found = latest_checkpoint(Path(out) / "checkpoints")
     if found is not None and is_main():
         print(f"hf-rope-ext finetune: {resume_note(found, 'stopped')}", file=sys.stderr)
@@ -194,10 +188,6 @@ def resume_note(checkpoint, what: str = "interrupted") -> str:
 
 def resume_command(checkpoint) -> str:
     """This process' finetune command line with ``--resume-from checkpoint`` (same --out: the run continues there)."""
-    import os
-    import shlex
-    import sys
-
     argv, kept = sys.argv[1:], []
     if "finetune" not in argv:  # called from Python, not from the command line
         return f"hf-rope-ext finetune <the same options> --resume-from {shlex.quote(str(checkpoint))}"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from ..store import smollm2
+from ..store.outputs import check_dir
+from ..train.bundle import adapter_weights, bundle_adapter
 from .args import progress_argument
 
 
@@ -24,26 +27,21 @@ def add_parser(subparsers, name):
     parser.add_argument(
         "--adapter",
         metavar="DIR",
-        help="a peft adapter trained on this model (examples/smollm2-yarn4-pose-lora): write --out as that adapter "
-        "naming --out/base, the converted model with the adapter's config.json (its rope parameters and length), so "
-        "that peft's AutoPeftModelForCausalLM.from_pretrained(OUT) loads it right",
+        help="a peft adapter trained on this model (examples/smollm2-self-extend-retrieval-lora): write --out as "
+        "that adapter naming --out/base, the converted model with the adapter's config.json (its rope parameters and "
+        "length), so that peft's AutoPeftModelForCausalLM.from_pretrained(OUT) loads it right",
     )
     progress_argument(parser)
     return parser
 
 
 def run(args) -> int:
-    from ..store.smollm2 import ensure
-
     if args.adapter is None:
-        print(ensure(args.out))
+        print(smollm2.ensure(args.out))
         return 0
     if args.out is None:
         raise ValueError("--out: required with --adapter (the folder to write the adapter and its base to), got none")
-    from ..store.outputs import check_dir
-    from ..train.bundle import adapter_weights, bundle_adapter
-
     adapter_weights(args.adapter)  # both checked before SmolLM2 is fetched
     check_dir(args.out, False, "--out")
-    print(bundle_adapter(args.adapter, ensure(), args.out))
+    print(bundle_adapter(args.adapter, smollm2.ensure(), args.out))
     return 0

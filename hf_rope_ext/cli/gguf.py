@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..store import gguf_rope
+from ..types import rope_parameters
 from .args import add_rope_arguments
 
 
@@ -24,9 +26,7 @@ def add_parser(subparsers, name):
 
 
 def run(args) -> int:
-    from ..eval import parse_rope_params
-    from ..store import gguf_rope
-    from ..types import rope_parameters
+    from ..eval import parse_rope_params  # torch: loaded when the command runs
 
     if args.rope_type not in gguf_rope.TYPES:
         raise ValueError(f"--rope-type {args.rope_type!r}: llama.cpp's GGUF rope scaling takes {list(gguf_rope.TYPES)}")

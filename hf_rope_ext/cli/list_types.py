@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from .. import load_methods
+from ..types.registry import BUILTIN_SUMMARIES, BUILTIN_TYPES, REQUIRED, FromLength, methods, type_spec
+
 
 def add_parser(subparsers, name):
     parser = subparsers.add_parser(name, help="list every RoPE scaling type with its parameters")
@@ -12,10 +15,10 @@ def add_parser(subparsers, name):
 
 
 def _parameter(default) -> dict:
-    """A parameter's default with its JSON type kept (number, boolean, null; a string only where transformers
-    derives it, e.g. "max_position_embeddings") and whether it must be given."""
-    from ..types.registry import REQUIRED
-
+    """A parameter's default with its JSON type kept (number, boolean, null; a string only where it is derived:
+    transformers' "max_position_embeddings", a rule of L0 such as STRING's "L0 // 3") and whether it must be given."""
+    if isinstance(default, FromLength):
+        return {"default": default.text, "required": False}
     return {"default": None if default is REQUIRED else default, "required": default is REQUIRED}
 
 
@@ -25,9 +28,6 @@ def rows() -> list[dict]:
     Read from the registry and the table of transformers' own types, without importing transformers (so ``list``
     starts fast); tests check that it names exactly what ``ROPE_INIT_FUNCTIONS`` holds once the package is imported.
     """
-    from .. import load_methods
-    from ..types.registry import BUILTIN_SUMMARIES, BUILTIN_TYPES, methods, type_spec
-
     load_methods()
     table = [
         {

@@ -38,7 +38,7 @@ def add_parser(subparsers, name):
 
 
 def run(args) -> int:
-    from ..publish.hub import HubError, push
+    from ..publish.hub import HubError, push  # torch: loaded when the command runs
 
     try:
         where = push(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..store import bundled, outputs
 from .args import comma_list, positive_int
 
 PLOT = "ruler.png"
@@ -66,8 +67,6 @@ def prepare(args) -> list[str]:
 
 
 def report_stage(args, prefix: str):
-    from ..store import outputs
-
     target = args.report_dir or Path("runs") / time.strftime(f"{prefix}-%Y%m%d-%H%M%S")
     return target, outputs.Staged(target, args.overwrite, "--report-dir")
 
@@ -75,7 +74,6 @@ def report_stage(args, prefix: str):
 def run_eval(args) -> int:
     """``hf-rope-ext eval --ruler``: one model, one rope type, at ``--lengths`` (default L0, 2 L0, 4 L0)."""
     from ..eval import adapters, loading, parse_rope_params, ruler
-    from ..store import bundled
 
     tasks = prepare(args)
     for flag in ("json", "plot", "needle"):

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from ..attention import extension_defaults
 from ..models import layout_of
 from ..publish import cards
 from ..types import registry
@@ -44,8 +43,8 @@ def takes_factor(rope_type) -> bool:
 
 
 def default_parameters(rope_type, pretrain: int, factor: float | None) -> dict:
-    """``attention.extension_defaults.default_parameters``; nothing for the model as saved."""
-    return {} if rope_type in loading.NONE_TYPES else extension_defaults.default_parameters(rope_type, pretrain, factor)
+    """The method's own defaults (``RopeMethod.defaults``); nothing for the model as saved."""
+    return {} if rope_type in loading.NONE_TYPES else registry.default_parameters(rope_type, pretrain, factor)
 
 
 def method_runs(rope_type, pretrain: int, factors) -> list[tuple[float | None, list[int]]]:

@@ -1,9 +1,10 @@
 """Model cards (``README.md``) for extended models, LoRA adapters and portable exports.
 
-The card is rendered by huggingface_hub's ``ModelCard.from_template`` from a Jinja template in ``model_cards/``:
-YAML metadata (``ModelCardData``), the rope parameters and layout, the evaluation table and plot, the training
-hyperparameters and a usage snippet that loads the folder as written. A ``README.md`` the user wrote is never
-replaced: only a card carrying :data:`MARKER` (one this module generated) is, unless ``overwrite=True``.
+The card is rendered by huggingface_hub's ``ModelCard.from_template`` from a Jinja template in ``model_cards/`` beside
+this module (package data): YAML metadata (``ModelCardData``), the rope parameters and layout, the evaluation table
+and plot, the training hyperparameters and a usage snippet that loads the folder as written. A ``README.md`` the user
+wrote is never replaced: only a card carrying :data:`MARKER` (one this module generated) is, unless
+``overwrite=True``.
 """
 
 from __future__ import annotations
@@ -24,14 +25,9 @@ BASE_TAGS = ("hf-rope-ext", "rope", "long-context")
 
 
 def templates_dir() -> Path:
-    """``model_cards/`` beside the package (a source checkout or an install that ships it)."""
-    for candidate in (
-        Path(__file__).resolve().parents[1] / "model_cards",  # beside the package's modules
-        Path(__file__).resolve().parents[2] / "model_cards",  # the repository root (editable install)
-    ):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError(f"model card templates not found next to {Path(__file__).resolve().parents[1]}")
+    """``hf_rope_ext/publish/model_cards/``: one Jinja template per kind (``<kind>.md``), package data. Read when a
+    card is written, not at import: the copy of the package that ``--remote-code`` exports vendor has no files."""
+    return Path(__file__).resolve().parent / "model_cards"
 
 
 def write_model_card(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..store.files import check_file, read_json
-from ..store.outputs import MARKER
+from ..store.outputs import MARKER, Staged, is_generated_card
 from ..types.registry import BUILTIN_TYPES, get_method
 from .cards import is_repo_id, write_model_card
 
@@ -133,7 +133,7 @@ def upload_plan(src: Path, repo_id: str, base_model_id: str | None = None) -> Up
     if kind == "adapter" and base_model_id is not None:
         config = {**_json(src / "adapter_config.json"), "base_model_name_or_path": base_model_id}
         files["adapter_config.json"] = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8")
-    if text is not None and ours is None and not _is_placeholder(text):
+    if text is not None and ours is None and not is_generated_card(text):
         return UploadPlan(files, left_out)  # the user's own card goes up unchanged
     files["README.md"] = card_for_repo(src, kind, repo_id, ours, base_model_id, local)
     return UploadPlan(files, left_out)
@@ -200,8 +200,6 @@ def with_base_model(text: str, base_model_id: str, local: str | None) -> str:
 def dry_run_stage(folder: Path, src: Path, overwrite: bool):
     """The dry run's output folder, outside ``src``: new, empty, or with ``overwrite`` the files a dry run writes
     replaced (``outputs.Staged``: written beside it, renamed at the end)."""
-    from ..store.outputs import Staged
-
     if src.resolve() in (folder.resolve(), *folder.resolve().parents):
         raise ValueError(f"--dry-run folder {str(folder)!r} must lie outside SRC {str(src)!r}")
     return Staged(folder, overwrite, "--dry-run")
@@ -240,12 +238,6 @@ def upload(plan: dict[str, Path | bytes], repo_id: str, *, private: bool, token:
     except Exception as err:  # the network boundary: every failure is reported, none is swallowed
         raise HubError(f"pushing to {repo_id!r} at {api.endpoint} failed: {type(err).__name__}: {err}") from err
     return info.commit_url
-
-
-def _is_placeholder(text: str) -> bool:
-    from .cards import is_generated_card
-
-    return is_generated_card(text)
 
 
 def _json(path: Path) -> dict:

@@ -7,12 +7,7 @@ hands each process its slice (``split_batches``; :func:`data_parallel` says whic
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
-
-if TYPE_CHECKING:
-    from .loop import LoopSettings
 
 
 class EpochSampler(torch.utils.data.Sampler):
@@ -44,18 +39,19 @@ def data_parallel(accelerator) -> tuple[int, int]:
     return size.get("dp_replicate", 1) * size.get("dp_shard", 1), accelerator.process_index // shared
 
 
-def stage_loaders(accelerator, datasets, settings: LoopSettings):
+def stage_loaders(accelerator, datasets, batch_size: int, seed: int):
     """One prepared DataLoader per stage: global micro-batches of ``batch_size x data-parallel size`` rows (full ones
-    only), of which accelerate (``split_batches``) gives each process its ``batch_size`` rows, in rank order."""
+    only), of which accelerate (``split_batches``) gives each process its ``batch_size`` rows, in rank order; the
+    batch order of stage i is drawn from (``seed``, i, epoch)."""
     if not accelerator.split_batches:
         raise ValueError("the training loop needs an Accelerator with DataLoaderConfiguration(split_batches=True)")
-    global_batch = settings.batch_size * data_parallel(accelerator)[0]
+    global_batch = batch_size * data_parallel(accelerator)[0]
     loaders = []
     for index, dataset in enumerate(datasets):
         rows = dataset.with_format("torch", columns=[c for c in ("input_ids", "labels") if c in dataset.column_names])
-        sampler = EpochSampler(len(rows), settings.seed * 131 + index)
+        sampler = EpochSampler(len(rows), seed * 131 + index)
         # its own generator: starting an epoch must not draw from the global RNG (dropout), or resume would drift
-        own = torch.Generator().manual_seed(settings.seed)
+        own = torch.Generator().manual_seed(seed)
         loader = torch.utils.data.DataLoader(
             rows, batch_size=global_batch, sampler=sampler, drop_last=True, generator=own
         )

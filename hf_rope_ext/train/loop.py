@@ -131,7 +131,7 @@ def train(
     optimizer, scheduler = make_optimizer(model, settings, total)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     accelerator.register_save_state_pre_hook(keep_trainable_only)
-    loaders = stage_loaders(accelerator, datasets, settings)
+    loaders = stage_loaders(accelerator, datasets, settings.batch_size, settings.seed)
     step = load_checkpoint(accelerator, resume_from, plan) if resume_from else 0
     bar = progress_bar(
         total=total, initial=step, desc="fine-tuning", nested=False, enabled=accelerator.is_local_main_process

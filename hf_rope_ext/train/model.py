@@ -11,7 +11,6 @@ import os
 
 import torch
 
-from ..attention.extension_defaults import default_parameters
 from ..types import registry
 from ..types.rope_parameters import accepted_keys, extended_max_positions, rope_parameters_for
 
@@ -43,7 +42,7 @@ def check_fits(config, rope_type: str) -> dict:
 def target_rope_parameters(config, rope_type: str, length: int, factor: float | None = None, extra: dict | None = None):
     """(rope_parameters, max_position_embeddings) that extend ``config`` to ``length`` tokens with ``rope_type``: its
     ``factor`` length / L0 (or ``factor``), an attention-level type's own keys by ``extend``'s rule
-    (``attention.extension_defaults``: Self-Extend's group for length / L0, DCA's chunks, leaky ReRoPE's slope...),
+    (the method's ``RopeMethod.defaults``: Self-Extend's group for length / L0, DCA's chunks, leaky ReRoPE's slope...),
     then the user's ``extra`` over them."""
     check_fits(config, rope_type)
     old = int(config.max_position_embeddings)
@@ -56,7 +55,9 @@ def target_rope_parameters(config, rope_type: str, length: int, factor: float | 
         raise ValueError(f"--factor {factor}: rope_type={rope_type!r} takes no factor; its keys: {sorted(allowed)}")
     scale = float(length) / old
     defaults = {"factor": scale} if "factor" in allowed else {}
-    defaults |= default_parameters(rope_type, old, scale)  # an attention-level type's keys, as extend sets them
+    defaults |= registry.default_parameters(
+        rope_type, old, scale
+    )  # an attention-level type's keys, as extend sets them
     if factor is not None:
         defaults["factor"] = float(factor)
     params = rope_parameters_for(config, rope_type, **{**defaults, **dict(extra or {})})

@@ -13,6 +13,15 @@ REQUIRED = object()  # marker: a parameter without a default
 
 
 @dataclass(frozen=True)
+class FromLength:
+    """A default known once the model is: ``rule(params, L0)`` of the pretrained length L0 and the values in force of
+    the keys declared before it (STRING's shift L0/3); ``text`` says how (``hf-rope-ext list`` shows it)."""
+
+    rule: Callable[[dict, int], Any]
+    text: str
+
+
+@dataclass(frozen=True)
 class Param:
     """One key of ``rope_parameters``: its default, its type and the range it must lie in."""
 
@@ -58,6 +67,7 @@ COMMON_KEYS = {
 # Signature shared with transformers' ROPE_INIT_FUNCTIONS.
 FrequencyFn = Callable[..., tuple["Any", float]]  # (config, device=None, seq_len=None, layer_type=None)
 CheckFn = Callable[[dict, Any], None]  # (rope_parameters, config) -> raises ValueError
+DefaultsFn = Callable[[int, "float | None"], dict]  # (L0, target factor s or None) -> values for the method's keys
 
 
 @dataclass(frozen=True)
@@ -73,3 +83,7 @@ class RopeMethod:
     training_free: bool = True  # meaningful on a model pretrained with plain RoPE (False: xPos, RoPER need training)
     example: dict = field(default_factory=dict)  # valid parameters besides rope_type, for docs and generic tests
     attention: Any = None  # attention-level types: their declaration (attention.methods.form.AttentionForm)
+    # values for the method's own keys that fit s x L0 tokens into the distances the model was pretrained on: what
+    # ``extend`` evaluates the method with and ``finetune`` trains it under, below the user's values (None: none;
+    # a frequency-level type's ``factor`` is set by the caller)
+    defaults: DefaultsFn | None = None

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..util.did_you_mean import did_you_mean, typo_of
 from .builtin import BUILTIN_CHECKS, BUILTIN_PARAMS, BUILTIN_SUMMARIES, BUILTIN_TYPES
-from .declare import COMMON_KEYS, REQUIRED, CheckFn, FrequencyFn, Param, RopeMethod
+from .declare import COMMON_KEYS, REQUIRED, CheckFn, FrequencyFn, FromLength, Param, RopeMethod
 
 __all__ = [
     "BUILTIN_SUMMARIES",
@@ -24,10 +24,12 @@ __all__ = [
     "REQUIRED",
     "CheckFn",
     "FrequencyFn",
+    "FromLength",
     "Param",
     "RopeMethod",
     "RopeParameterError",
     "available_rope_types",
+    "default_parameters",
     "example_parameters",
     "filled",
     "find",
@@ -35,7 +37,7 @@ __all__ = [
     "methods",
     "off_register",
     "on_register",
-    "param_value",
+    "pretrained_length",
     "register",
     "type_spec",
     "validate",
@@ -112,6 +114,15 @@ def find(name) -> RopeMethod | None:
     return _METHODS.get(name)
 
 
+def default_parameters(rope_type: str, pretrain: int, factor: float | None) -> dict:
+    """What the method's ``defaults`` hook gives for s = ``factor`` x L0 = ``pretrain`` tokens: its own keys' values
+    for ``extend`` and ``finetune``; {} for transformers' own types and a method without one (KeyError if unknown)."""
+    if rope_type in BUILTIN_PARAMS:
+        return {}
+    method = get_method(rope_type)
+    return {} if method.defaults is None else dict(method.defaults(pretrain, factor))
+
+
 def follows_length(rope_type: str) -> bool:
     """Whether ``rope_type``'s frequencies depend on the sequence length read so far: a package type declared
     ``dynamic``, or one of transformers' own that it updates per length (``dynamic_rope_update``: a name holding
@@ -160,8 +171,11 @@ def validate(rope_parameters: dict, config: Any = None) -> None:
         if key not in ("rope_type", "type"):
             _check_value(rope_type, key, value, allowed[key])
     _check_theta(rope_type, given)
-    if check is not None:
-        check(rope_parameters, config)
+    if check is not None:  # it sees the defaults computed from L0 (``FromLength``) in force, where the config says L0
+        method = find(rope_type)
+        check(
+            rope_parameters if method is None else filled(rope_parameters, method, config, computed_only=True), config
+        )
 
 
 def type_spec(rope_type: str) -> tuple[dict[str, Param], CheckFn | None]:
@@ -220,12 +234,23 @@ def _fits(value: Any, spec: Param) -> bool:
     return not too_low and not (spec.exclusive_minimum is not None and value <= spec.exclusive_minimum)
 
 
-def param_value(rope_parameters: dict, method: RopeMethod, key: str) -> Any:
-    """The value of ``key`` in ``rope_parameters``, or the method's default when it is absent or None."""
-    value = rope_parameters.get(key)
-    return method.params[key].default if value is None else value
+def pretrained_length(params: dict, config: Any) -> int | None:
+    """L0: ``original_max_position_embeddings`` when given, else the config's ``max_position_embeddings`` (None
+    without a config)."""
+    found = params.get("original_max_position_embeddings") or getattr(config, "max_position_embeddings", None)
+    return None if found is None else int(found)
 
 
-def filled(rope_parameters: dict, method: RopeMethod) -> dict:
-    """``rope_parameters`` with ``method``'s defaults for keys absent or None."""
-    return {**rope_parameters, **{k: param_value(rope_parameters, method, k) for k in method.params}}
+def filled(rope_parameters: dict, method: RopeMethod, config: Any = None, *, computed_only: bool = False) -> dict:
+    """``rope_parameters`` with ``method``'s defaults for keys absent or None (only those computed from L0 with
+    ``computed_only``), in the method's order: one computed from L0 (:class:`FromLength`) sees the values before it
+    and needs the ``config`` (or ``original_max_position_embeddings``); it stays None without them."""
+    params, length = dict(rope_parameters), pretrained_length(rope_parameters, config)
+    for key, spec in method.params.items():
+        if params.get(key) is not None:
+            continue
+        if isinstance(spec.default, FromLength):
+            params[key] = spec.default.rule(params, length) if length else None
+        elif not computed_only:
+            params[key] = spec.default
+    return params

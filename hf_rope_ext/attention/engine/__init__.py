@@ -6,5 +6,5 @@
   ``two_band`` (prefill), ``decode``, ``masked``, ``chunk_bands``; pieces (``piece``) run on the device's kernel
   (``kernels``, ``flex`` for CUDA) and are merged by ``lse``;
 - ``decay_and_value_turns``: xPos's decay and RoPER's values as both engines apply them; ``rotated_cache``: rotated
-  rows remembered across decode steps. Rotations (float64 angles, either layout) are ``layout.rotation``'s.
+  rows remembered across decode steps. Rotations (float64 angles, either layout) are ``attention.rotation``'s.
 """

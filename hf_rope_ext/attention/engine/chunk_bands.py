@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ...layout.rotation import rotate
+from ..rotation import rotate
 from . import rotated_cache
 from .call import Call
 from .kernels import attend_piece

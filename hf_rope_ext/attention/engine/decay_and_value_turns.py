@@ -20,7 +20,7 @@ import math
 import torch
 
 from ...frequencies.common import inv_freq_for_base
-from ...layout.rotation import rotate
+from ..rotation import rotate
 from .call import Call
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ...layout.rotation import cos_sin, turn
 from ..methods.form import origin
+from ..rotation import cos_sin, turn
 from .call import Call
 from .kernels import attend_piece
 from .piece import Piece, needs_grad

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ...layout.rotation import rotate
+from ..rotation import rotate
 from .call import Call, chunk_mask
 from .kernels import attend_piece
 from .lse import merge

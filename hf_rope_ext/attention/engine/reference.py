@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from ...layout.rotation import rotate
 from ..methods.form import Band
+from ..rotation import rotate
 from .call import Call, chunk_mask
 from .decay_and_value_turns import (
     decay_rows,

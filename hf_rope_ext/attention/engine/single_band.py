@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from ...layout.rotation import cos_sin, rotate, turn
+from ..rotation import cos_sin, rotate, turn
 from . import rotated_cache
 from .call import Call, chunk_mask
 from .decay_and_value_turns import (

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ...layout.rotation import rotate
 from ..methods.form import origin
+from ..rotation import rotate
 from . import rotated_cache
 from .call import Call
 from .kernels import attend_piece, piece_rows

@@ -118,6 +118,7 @@ METHOD = register(
         check=check_dual_chunk,
         families=FAMILIES,
         example={"chunk_size": 12, "local_size": 4},
+        defaults=lambda pretrained, factor: authors_defaults(pretrained),
         attention=AttentionForm(
             bands=(
                 Band(intra, intra_query, key_position),

@@ -17,7 +17,7 @@ from ...frequencies.common import plain_frequencies
 from ...types.declare import RopeMethod
 from ...types.registry import register
 from .form import two_bands
-from .params import FACTOR, FAMILIES, TEMPERATURE, WINDOWED, check_window
+from .params import FACTOR, FAMILIES, TEMPERATURE, WINDOWED, check_window, far_window
 
 if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
     from torch import Tensor
@@ -32,6 +32,14 @@ def far_key(n: Tensor, params: dict) -> Tensor:
     return n.double() / float(params["factor"])
 
 
+def extension_defaults(pretrained: int, factor: float | None) -> dict:
+    """Window L0/4 and, for s x L0 tokens, the slope k that just fits them: window + (s L0 - window) / k = L0."""
+    params = far_window(pretrained)
+    if factor is not None:
+        params["factor"] = max(1.0, (factor * pretrained - params["window"]) / (pretrained - params["window"]))
+    return params
+
+
 METHOD = register(
     RopeMethod(
         name="leaky_rerope",
@@ -42,6 +50,7 @@ METHOD = register(
         check=check_window,
         families=FAMILIES,
         example={"window": 16, "factor": 4.0},
+        defaults=extension_defaults,
         attention=two_bands(far_query, far_key),
     )
 )

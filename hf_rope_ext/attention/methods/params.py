@@ -5,6 +5,7 @@ from __future__ import annotations
 from ...frequencies.params import ORIGINAL_MAX
 from ...models import ATTENTION_FAMILIES, refuse_family
 from ...types.declare import REQUIRED, Param
+from ...types.registry import pretrained_length
 
 FAMILIES = ATTENTION_FAMILIES  # the model types whose attention modules the attention function serves (models/)
 
@@ -19,6 +20,15 @@ GROUP_SIZE = Param(
     default=REQUIRED, kind="int", minimum=1, help="beyond the window, positions are floor(pos/group_size)"
 )
 WINDOWED = {"window": WINDOW, "original_max_position_embeddings": ORIGINAL_MAX}
+FAR_WINDOW_FRACTION = 4  # extension defaults of the windowed types: exact distances below L0 / 4
+
+
+def far_window(pretrained: int, factor: float | None = None) -> dict:
+    """{"window": L0/4} at any target factor: the extension default of the windowed types (ReRoPE's; leaky ReRoPE
+    adds its slope)."""
+    return {"window": max(1, pretrained // FAR_WINDOW_FRACTION)}
+
+
 # attention temperature, every attention-level type (``engine.temperature`` applies it to the queries)
 TEMPERATURE = {
     "attention_temperature": Param(
@@ -59,11 +69,6 @@ def check_underneath(params: dict) -> None:
         )
 
 
-def pretrained_length(params: dict, config) -> int:
-    """L0: ``original_max_position_embeddings`` when given, else the config's ``max_position_embeddings``."""
-    return int(params.get("original_max_position_embeddings") or config.max_position_embeddings)
-
-
 def check_family(params: dict, config) -> None:
     """The model family must be one whose attention modules these methods were written and tested for; the
     attention temperature's two keys must agree (``check_temperature``)."""
@@ -86,10 +91,8 @@ def check_temperature(params: dict) -> None:
 def check_window(params: dict, config) -> None:
     """The window must be at most L0: distances the pretrained model never saw make the window meaningless."""
     check_family(params, config)
-    if config is None:
-        return
     window, limit = params.get("window"), pretrained_length(params, config)
-    if window > limit:
+    if window is not None and limit is not None and window > limit:
         raise ValueError(
             f"rope_parameters['window']={window!r} is larger than the pretrained length L0={limit} "
             f"(original_max_position_embeddings, else max_position_embeddings): allowed 1 <= window <= {limit}"

@@ -16,7 +16,7 @@ from ...frequencies.common import plain_frequencies
 from ...types.declare import RopeMethod
 from ...types.registry import register
 from .form import origin, two_bands
-from .params import FAMILIES, TEMPERATURE, WINDOWED, check_window
+from .params import FAMILIES, TEMPERATURE, WINDOWED, check_window, far_window
 
 if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
     from torch import Tensor
@@ -36,6 +36,7 @@ METHOD = register(
         check=check_window,
         families=FAMILIES,
         example={"window": 16},
+        defaults=far_window,
         attention=two_bands(far_query, origin),
     )
 )

@@ -63,6 +63,7 @@ METHOD = register(
         check=check_window,
         families=FAMILIES,
         example={"window": 16, "group_size": 4},
+        defaults=lambda pretrained, factor: authors_defaults(factor or 1.0, pretrained),
         attention=two_bands(far_query, far_key),
     )
 )

@@ -6,8 +6,9 @@ query at m and a key at n (d = m - n) are at distance d for d < S and d - S + W 
 well-trained distances from W on, in place of the large ones the model saw too rarely. A two-band declaration: the
 near band is plain RoPE (d < S), the far band rotates the query by m - S + W and the key by n.
 
-The authors' defaults: S = L0/3 (``shifted_offset=int(0.33 * L)``), W = 128 (README: 128, 256 or 512); their
-code also multiplies cos and sin by 0.1 ln 2 + 1 (here ``attention_temperature="constant"``,
+The authors' defaults, taken when a config leaves ``window`` or ``local_window`` out: S = L0/3
+(``shifted_offset=int(0.33 * L)``), W = 128 (README: 128, 256 or 512; here at most S/2, for a short L0); their code
+also multiplies cos and sin by 0.1 ln 2 + 1 (here ``attention_temperature="constant"``,
 ``temperature_factor=2``). Their flash-attention version lets the key at d = S into both bands
 (``window_size=[S, 0]`` beside the shifted causal piece); this follows the paper's position matrix, where each key
 has one distance.
@@ -30,10 +31,11 @@ Checked against HKUNLP/STRING ``string_for_llama.py`` (``replace_with_string``: 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from ...frequencies.common import plain_frequencies
-from ...types.declare import REQUIRED, Param, RopeMethod
+from ...types.declare import FromLength, Param, RopeMethod
 from ...types.registry import register
 from .form import two_bands
 from .params import FAMILIES, TEMPERATURE, UNDERNEATH, WINDOWED, check_underneath, check_window
@@ -41,8 +43,27 @@ from .params import FAMILIES, TEMPERATURE, UNDERNEATH, WINDOWED, check_underneat
 if TYPE_CHECKING:  # torch is not imported here: ``hf-rope-ext list`` reads this module
     from torch import Tensor
 
+SHIFT_FRACTION, LOCAL = 3, 128  # the authors' S = L0/3 and W = 128
+
+
+def authors_shift(params: dict, pretrained: int) -> int:
+    """S = L0/3 (at least 1)."""
+    return max(1, pretrained // SHIFT_FRACTION)
+
+
+def authors_local(params: dict, pretrained: int) -> int:
+    """W = 128, at most half the shift in force (``params["window"]``)."""
+    return min(LOCAL, int(params["window"]) // 2)
+
+
+SHIFT = Param(
+    default=FromLength(authors_shift, "L0 // 3"),
+    kind="int",
+    minimum=1,
+    help="S: distances below it are exact, the others move back by S - W; at most L0 (the authors' L0/3)",
+)
 LOCAL_WINDOW = Param(
-    default=REQUIRED,
+    default=FromLength(authors_local, "min(128, window // 2)"),
     kind="int",
     minimum=0,
     help="W: beyond the shift, distances restart at W (d - window + W); below window (the authors use 128)",
@@ -73,6 +94,17 @@ def far_key(n: Tensor, params: dict) -> Tensor:
     return n
 
 
+def extension_defaults(pretrained: int, factor: float | None) -> dict:
+    """The authors' S and W; where the farthest distance at s x L0 (s L0 - 1 - S + W) passes L0 - 1, ``ntk_by_parts``
+    underneath at the factor that brings it back within L0 (the temperature stays a knob of its own)."""
+    shift = authors_shift({}, pretrained)
+    params = {"window": shift, "local_window": authors_local({"window": shift}, pretrained)}
+    reach = (factor or 1.0) * pretrained - shift + params["local_window"]  # the farthest distance plus one
+    if reach > pretrained:
+        params |= {"frequencies": "ntk_by_parts", "frequency_factor": math.ceil(100 * reach / pretrained) / 100}
+    return params
+
+
 def check_string(params: dict, config) -> None:
     """S at most L0 (``check_window``), W below S, the frequencies underneath with their factor."""
     check_window(params, config)
@@ -91,11 +123,12 @@ METHOD = register(
         name="string",
         kind="attention",
         frequencies=plain_frequencies,
-        params={**WINDOWED, "local_window": LOCAL_WINDOW, "ramp": RAMP, **TEMPERATURE, **UNDERNEATH},
+        params={**WINDOWED, "window": SHIFT, "local_window": LOCAL_WINDOW, "ramp": RAMP, **TEMPERATURE, **UNDERNEATH},
         summary="STRING: distance m-n below window (the shift S), m-n-window+local_window beyond",
         check=check_string,
         families=FAMILIES,
         example={"window": 16, "local_window": 4},
+        defaults=extension_defaults,
         attention=two_bands(far_query, far_key),
     )
 )

@@ -22,7 +22,9 @@ def default_model_path() -> Path:
     """Directory of the shipped model (config.json, model.safetensors, tokenizer files, README.md)."""
     path = BUNDLED_DIR / MODEL_NAME
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"bundled model not found at {path}: run scripts/pretrain_tiny_llama.py to build it")
+        raise FileNotFoundError(
+            f"bundled model not found at {path}: run experiments/pretrain_tiny_llama.py (in a checkout) to build it"
+        )
     return path
 
 

@@ -1,7 +1,7 @@
 """The three-key probe of ``real_model_report.py`` on SmolLM2-135M-Instruct (or ``--model``) at any prompt length,
 for one rope type with the parameters given: a check of one explanation at a time, not a table cell.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/multikey_at.py --length 8160 --prompts 7 \\
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/multikey_at.py --length 8160 --prompts 7 \\
         --rope-type string --rope-param window=8192 --rope-param local_window=128
 
 ``--length`` is the prompt's own length: the question (about 15 tokens) and the answer (6) come after it, so at
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     found = multikey_accuracy(model, tokenizer, args.length, args.prompts)
     record = {"rope_parameters": params, "length": args.length, "dtype": args.dtype, **found}
-    words = ["python", "scripts/multikey_at.py", *(sys.argv[1:] if argv is None else argv)]
+    words = ["python", "experiments/multikey_at.py", *(sys.argv[1:] if argv is None else argv)]
     record |= {"seconds": round(time.perf_counter() - start), "command": shlex.join(words)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as stream:

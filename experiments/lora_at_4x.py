@@ -7,7 +7,7 @@ far-context loss on the last L0 - 1 tokens against the base model reading them t
 (``far_context_ratio`` < 1: the longer context helped). "before" is the rope type applied without training.
 Then it writes OUT/report.md (one table), OUT/results.json (every record) and OUT/lora.png (before/after bars).
 
-    PYTHONPATH=. python scripts/lora_at_4x.py --out runs/lora-4x
+    PYTHONPATH=. python experiments/lora_at_4x.py --out runs/lora-4x
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
         result = finetune(cfg)
         records += [{**r, "schedule": cfg.position_schedule, "rope_type": cfg.rope_type} for r in result["results"]]
     (args.out / RESULTS).write_text(json.dumps(records, indent=2) + "\n")
-    command = "PYTHONPATH=. python " + " ".join(["scripts/lora_at_4x.py", *(argv or sys.argv[1:])])
+    command = "PYTHONPATH=. python " + " ".join(["experiments/lora_at_4x.py", *(argv or sys.argv[1:])])
     (args.out / REPORT).write_text(f"# LoRA at {args.factor:g}x: before and after\n\n`{command}`\n\n{table(records)}\n")
     plot(records, args.out / PLOT)
     print(table(records))

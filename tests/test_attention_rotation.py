@@ -1,4 +1,4 @@
-"""The one rotation (``hf_rope_ext.layout.rotation``) against a slow reference: each pair turned by its own 2x2
+"""The one rotation (``hf_rope_ext.attention.rotation``) against a slow reference: each pair turned by its own 2x2
 matrix in float64, in both layouts, partial rotary dims passing through; its precision rule (float64 angles, even
 under autocast; float32 products, cast back) and its two paths (autograd, and in place without) agreeing."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from hf_rope_ext.layout import rotation
+from hf_rope_ext.attention import rotation
 
 HEAD_DIM, ROTARY = 12, 8  # partial rotary: 8 of 12 dims turn, the last 4 pass through
 INV_FREQ = 1 / 10000 ** (torch.arange(0, ROTARY, 2, dtype=torch.float64) / ROTARY)  # [4]

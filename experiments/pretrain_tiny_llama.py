@@ -13,8 +13,8 @@ AdamW with linear warm-up and cosine decay over --max-steps; the run
 also stops at --deadline (UTC, HH:MM) and saves a usable checkpoint every --save-every steps, so a cut-short run
 still leaves a model (its card records where it stopped).
 
-    OMP_NUM_THREADS=2 python scripts/pretrain_tiny_llama.py --max-steps 3000 --deadline 21:05
-    python scripts/pretrain_tiny_llama.py --device cuda --max-steps 3000
+    OMP_NUM_THREADS=2 python experiments/pretrain_tiny_llama.py --max-steps 3000 --deadline 21:05
+    python experiments/pretrain_tiny_llama.py --device cuda --max-steps 3000
 """
 
 from __future__ import annotations
@@ -483,7 +483,7 @@ def main(argv=None) -> int:
         "eval_files": len(bundled.corpus_files("eval")),
         "train_tokens": int(train.numel()),
         "command": "OMP_NUM_THREADS=1 PYTHONPATH=. python "
-        + " ".join(["scripts/pretrain_tiny_llama.py", *sys.argv[1:]]),
+        + " ".join(["experiments/pretrain_tiny_llama.py", *sys.argv[1:]]),
         **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "history": [],
         "init_from_training": init_training(args.init_from),

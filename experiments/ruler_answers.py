@@ -1,12 +1,13 @@
 """Where the answers of RULER needle cells come from: each answer's first number looked up in its own sample.
 
-    .venv/bin/python scripts/ruler_answers.py --task niah_multikey_2 --lengths 16384 32768
+    .venv/bin/python experiments/ruler_answers.py --task niah_multikey_2 --lengths 16384 32768
 
-For every cell of ``--results`` (default ``docs/results/ruler/results.json``, written by ``scripts/ruler_report.py``)
-with records of the task at those lengths, lm-eval's samples are built again as its ``simple_evaluate`` builds them
-(its default seeds, SmolLM2's tokenizer), each answer's sample found by its expected value, and the answer's first
-number of 5 or more digits sorted into: the value asked, another 7-digit value of the same prompt (another needle's),
-a number sharing its first four digits with one of those (a value copied wrong), another number, or no number.
+For every cell of ``--results`` (default ``docs/results/ruler/results.json``, written by
+``experiments/ruler_report.py``) with records of the task at those lengths, lm-eval's samples are built again as its
+``simple_evaluate`` builds them (its default seeds, SmolLM2's tokenizer), each answer's sample found by its expected
+value, and the answer's first number of 5 or more digits sorted into: the value asked, another 7-digit value of the same
+prompt (another needle's), a number sharing its first four digits with one of those (a value copied wrong), another
+number, or no number.
 Records whose samples are not among those rebuilt (an earlier run with other settings) are listed as such.
 """
 

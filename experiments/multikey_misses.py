@@ -1,10 +1,10 @@
 """What the three-key probe's misses answer: each miss of the real-model report looked up in its own prompt.
 
-    .venv/bin/python scripts/multikey_misses.py                 # every three-key record
-    .venv/bin/python scripts/multikey_misses.py --lengths 32768
+    .venv/bin/python experiments/multikey_misses.py                 # every three-key record
+    .venv/bin/python experiments/multikey_misses.py --lengths 32768
 
 For every record of ``--results`` (default ``docs/results/real-model/results.json``, written by
-``scripts/real_model_report.py``) with three keys a prompt, the prompts' keys are drawn again as
+``experiments/real_model_report.py``) with three keys a prompt, the prompts' keys are drawn again as
 ``hf_rope_ext.eval.multikey.multikey_accuracy`` draws them (its ``prompt_keys``, seed 0, three a prompt, planted in
 that order from the start of the prompt to its end) and each miss's first number of 4 or more digits is sorted
 into: another key of the same prompt planted after the one asked (nearer the question) or before it (farther back),

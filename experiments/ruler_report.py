@@ -1,17 +1,17 @@
 """lm-eval's RULER tasks on SmolLM2-135M-Instruct (trained at 8192 tokens) for the model as saved and every method
 of README's real-model table, cell by cell, resumable:
 
-    .venv/bin/python scripts/ruler_report.py --limit 5                       # every cell, 5 samples per task
-    .venv/bin/python scripts/ruler_report.py --cells yarn:2:16384 none:1:8192 --tasks niah_single_1 --limit 10
+    .venv/bin/python experiments/ruler_report.py --limit 5                       # every cell, 5 samples per task
+    .venv/bin/python experiments/ruler_report.py --cells yarn:2:16384 none:1:8192 --tasks niah_single_1 --limit 10
 
 A cell is ``method:factor:length``: the method with ``factor`` (and the parameters ``hf-rope-ext extend`` gives it at
 that factor, ``compare.run_parameters``, with ``--rope-param KEY=VALUE`` over them) read at ``length`` tokens;
-``lora:4:N`` is the adapter of ``--adapter`` (default ``examples/smollm2-yarn4-pose-lora``; its config: yarn x4) on its
-base, unmerged. Each cell runs the tasks through ``hf_rope_ext.eval.ruler`` (lm-eval's builders, HFLM, scoring; the
-first ``--limit`` of the 500 samples lm-eval builds for that length) and is written to ``--out``/results.json at once (a
-rerun skips the cells there, and runs a cell again when asked for more samples than it has). ``hf-rope-ext eval --model
-<smollm2> --ruler TASKS --rope-type M --factor s --lengths N --limit K --dtype D`` reproduces one method's cell; the
-cell's record has it.
+``lora:4:N`` is the adapter of ``--adapter`` (default ``examples/smollm2-self-extend-retrieval-lora``; its config:
+Self-Extend at 4x) on its base, unmerged. Each cell runs the tasks through ``hf_rope_ext.eval.ruler`` (lm-eval's
+builders, HFLM, scoring; the first ``--limit`` of the 500 samples lm-eval builds for that length) and is written to
+``--out``/results.json at once (a rerun skips the cells there, and runs a cell again when asked for more samples than it
+has). ``hf-rope-ext eval --model <smollm2> --ruler TASKS --rope-type M --factor s --lengths N --limit K --dtype D``
+reproduces one method's cell; the cell's record has it.
 
 Two jobs side by side on this 2-core machine: give each ``OMP_NUM_THREADS=1``. Two 2-thread jobs on two cores wait
 on each other at every operation; a generated token at 8k then took 2.4 s instead of 0.18 s
@@ -44,7 +44,7 @@ CELLS = [
     "lora:4:8192",
 ]
 ROOT = Path(__file__).resolve().parent.parent
-ADAPTER = ROOT / "examples" / "smollm2-yarn4-pose-lora"
+ADAPTER = ROOT / "examples" / "smollm2-self-extend-retrieval-lora"
 RESULTS = ROOT / "docs" / "results" / "ruler"  # committed: the figures behind README's RULER table
 DTYPES = ("float32", "bfloat16")  # float32: 0.6 of bf16's time on this CPU, which has no bf16 matrix units
 SAVED_KEYS = ("rope_type", "factor", "rope_theta", "original_max_position_embeddings")  # from the type and config
@@ -91,10 +91,10 @@ def command(cell: str, args, params: dict | None) -> str:
 
 def cell_key(cell: str, args) -> str:
     """A cell's key in results.json: the cell and its tasks, then whatever differs from the first runs (parameters
-    of --rope-param in brackets, bf16, each task's own generation length, the PoSE adapter), so that differently made
-    cells sit side by side."""
+    of --rope-param in brackets, bf16, each task's own generation length; a ``lora`` cell names its adapter), so that
+    differently made cells sit side by side."""
     key = f"{cell}:{args.tasks}"
-    if cell.startswith("lora:") and args.adapter.resolve() != ADAPTER.resolve():
+    if cell.startswith("lora:"):
         key = key.replace("lora:", f"lora@{args.adapter.name}:", 1)
     key += "[" + ",".join(f"{k}={v}" for k, v in args.chosen.items()) + "]" if args.chosen else ""
     key += "" if args.dtype == "bfloat16" else f" {args.dtype}"

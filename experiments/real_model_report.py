@@ -1,8 +1,8 @@
 """The real-model report: SmolLM2-135M-Instruct (trained at 8192 tokens) read at 2x and 4x with training-free methods.
 
-    .venv/bin/python scripts/real_model_report.py                       # every cell below, 5-6 h on 2 cores
-    .venv/bin/python scripts/real_model_report.py --cells yarn:2 rerope:4 # some cells
-    .venv/bin/python scripts/real_model_report.py --cells lora:4           # the shipped PoSE LoRA adapter
+    .venv/bin/python experiments/real_model_report.py                       # every cell below, 5-6 h on 2 cores
+    .venv/bin/python experiments/real_model_report.py --cells yarn:2 rerope:4 # some cells
+    .venv/bin/python experiments/real_model_report.py --cells lora:4           # the shipped LoRA adapter
 
 A cell is (method, factor s): the method with factor s (as ``hf-rope-ext extend`` sets its parameters) read at L0
 and s x L0 tokens, measuring what ``extend`` measures on a real model: pass keys by greedy generation, several per
@@ -12,8 +12,9 @@ baseline: the model as saved through a sliding 8192-token window, stride 1024). 
 --documents 1 --last-chunk 0 --passkey-depths 0 --passkey-prompts P --far-stride 1024 --data python-docs --dtype
 bfloat16`` reproduces any row. Results go to ``--out``/results.json after every cell (a rerun skips the cells
 already there) and ``report.md`` (the README table). The ``lora`` cell reads the adapter of ``--adapter`` (default:
-``examples/smollm2-yarn4-pose-lora``, trained by ``finetune`` with yarn x4 and PoSE) merged into its base, with the
-base model's sliding-window baseline.
+``examples/smollm2-self-extend-retrieval-lora``, trained by ``finetune`` with Self-Extend and PoSE; the others are in
+``docs/results/adapters.md``) merged into its base, with the rope parameters it was trained under and the base model's
+sliding-window baseline.
 
 A method may carry an attention temperature: ``dual_chunk+log:4:1key`` runs ``dual_chunk`` with
 ``attention_temperature="log"`` (``+constant``: the constant (0.1 ln s + 1)^2 with s the cell's factor).
@@ -82,14 +83,14 @@ LOGGED = ("rerope+log", "leaky_rerope+log", "string+log")
 SINGLE += [(m, 2, 10) for m in LOGGED] + [("leaky_rerope+log", 4, 10)]
 CELLS += [(m, 2, 7) for m in LOGGED] + [("leaky_rerope+log", 4, 4)]
 TEMPERATURES = ("log", "constant")
-ADAPTER = Path(__file__).resolve().parent.parent / "examples" / "smollm2-yarn4-pose-lora"
+ADAPTER = Path(__file__).resolve().parent.parent / "examples" / "smollm2-self-extend-retrieval-lora"
 FAR_STRIDE = 1024
 RESULTS = "docs/results/real-model"  # committed: the figures behind README's real-model table
 COMMAND = (
     "hf-rope-ext extend --model {model} --methods {method} --factors {factor} --documents 1 --last-chunk 0 "
     "--passkey-depths 0 --passkey-prompts {prompts} --far-stride 1024 --data python-docs --dtype {dtype}"
 )
-SINGLE_COMMAND = "python scripts/real_model_report.py --cells {method}:{factor}:1key --dtype {dtype}"
+SINGLE_COMMAND = "python experiments/real_model_report.py --cells {method}:{factor}:1key --dtype {dtype}"
 DTYPES = ("bfloat16", "float32")  # float32: an 8k forward in 0.6 of the time of bf16 on this 2-core CPU
 
 
@@ -210,7 +211,8 @@ def run_cell(folder, config, tokenizer, documents, cell, done: dict, adapter: Pa
         "command": COMMAND.format(model="<smollm2>", method=rope_type, factor=factor, prompts=prompts, dtype=dtype)
         + loading.rope_param_flags(extra)
         if method != "lora"
-        else f"python scripts/real_model_report.py --cells lora:{factor} --adapter {shown(adapter)} --dtype {dtype}",
+        else f"python experiments/real_model_report.py --cells lora:{factor} --adapter {shown(adapter)} "
+        f"--dtype {dtype}",
     }
     return [{**r, "cell_factor": factor, **extra} for r in records]
 
@@ -268,10 +270,10 @@ def cells_of(records: list[dict]) -> list[str]:
 
 
 def stored_key(key: str, adapter: Path, dtype: str, chosen: dict) -> str:
-    """The cell's key in results.json: a ``lora`` cell names its adapter ("lora@NAME:4:1key") unless it is the
-    default one, parameters of --rope-param follow in brackets ("dual_chunk:2[chunk_size=8191]") and a float32 cell
-    says so ("yarn:4:1key float32"), so such cells sit beside the others."""
-    if key.startswith("lora:") and adapter.resolve() != ADAPTER.resolve():
+    """The cell's key in results.json: a ``lora`` cell names its adapter ("lora@NAME:4:1key"), parameters of
+    --rope-param follow in brackets ("dual_chunk:2[chunk_size=8191]") and a float32 cell says so ("yarn:4:1key
+    float32"), so such cells sit beside the others."""
+    if key.startswith("lora:"):
         key = key.replace("lora:", f"lora@{adapter.name}:", 1)
     key += "[" + ",".join(f"{k}={v}" for k, v in chosen.items()) + "]" if chosen else ""
     return key if dtype == "bfloat16" else f"{key} {dtype}"
