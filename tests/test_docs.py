@@ -19,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
 CARDS = [
     *sorted(ROOT.glob("examples/*/README.md")),
-    *sorted(ROOT.glob("model_cards/*.md")),  # the card templates, wherever they live
     *sorted((ROOT / "hf_rope_ext").rglob("*.md")),
 ]
 PAGES = {str(p.relative_to(ROOT)): p for p in DOCS + CARDS}
