@@ -251,6 +251,19 @@ def family(request):
 
 
 @pytest.fixture(scope="module")
+def probe_llama(tmp_path_factory):
+    """The evaluation tests' Llama (L0 = 64) saved with its byte-level tokenizer, for the pass-key probes."""
+    return save_eval_llama(tmp_path_factory.mktemp("probe_llama"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def probe_tokenizer(probe_llama):
+    from hf_rope_ext.eval.loading import load_tokenizer
+
+    return load_tokenizer(probe_llama)
+
+
+@pytest.fixture(scope="module")
 def docs_dir(tmp_path_factory):
     """Four text documents of 40, 150, 260 and 400 bytes (deterministic pseudo-code)."""
     folder = tmp_path_factory.mktemp("docs")

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import save_eval_llama
 
 from hf_rope_ext.eval import multikey, python_docs
-from hf_rope_ext.eval.loading import load_model, load_tokenizer, requested_parameters
+from hf_rope_ext.eval.loading import load_model, requested_parameters
 from hf_rope_ext.types import registry
 
 LENGTH = 640  # bytes (ByT5 tokens): ten times the tiny model's 64 positions
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_eval_llama(tmp_path_factory.mktemp("tiny_multikey"), seed=3)
+def tiny_dir(probe_llama):
+    return probe_llama
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    return load_tokenizer(tiny_dir)
+def tokenizer(probe_tokenizer):
+    return probe_tokenizer
 
 
 def recompute(model, tokenizer, ids: list[int], name: str) -> str:

@@ -8,12 +8,11 @@ import json
 import re
 
 import pytest
-from conftest import save_eval_llama
 
 from hf_rope_ext.cli import main
 from hf_rope_ext.eval import intervals, multikey, probes, splits
 from hf_rope_ext.eval.adapters import training_command
-from hf_rope_ext.eval.loading import load_model, load_tokenizer
+from hf_rope_ext.eval.loading import load_model
 from hf_rope_ext.store.bundled import corpus_files
 from hf_rope_ext.train import retrieval
 
@@ -21,13 +20,13 @@ LENGTH = 640  # bytes (ByT5 tokens): ten times the tiny model's 64 positions
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_eval_llama(tmp_path_factory.mktemp("tiny_probes"), seed=5)
+def tiny_dir(probe_llama):
+    return probe_llama
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    return load_tokenizer(tiny_dir)
+def tokenizer(probe_tokenizer):
+    return probe_tokenizer
 
 
 @pytest.mark.parametrize(
