@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -98,17 +97,21 @@ class Layer:
     snapshot: dict  # ... and a copy, to notice changes made in place
     constants: dict = field(default_factory=dict)  # values of the layer alone, per device (``Call.constant``)
 
-    def frequencies(self, config, k_pos: torch.Tensor, device) -> tuple[torch.Tensor, float, tuple]:
-        """(theta_i [r/2] float64, score scale, the rotation's identity) of a call with keys at ``k_pos``."""
+    def frequencies(self, config, k_pos: torch.Tensor, device, tagged: bool = True):
+        """(theta_i [r/2] float64, score scale, the rotation's identity) of a call with keys at ``k_pos``; the
+        identity (read back from the device once per layer) only when ``tagged``, else None."""
         if not self.method.dynamic:
             key = ("frequencies", device)  # a torch.device (the query's)
             if key not in self.constants:
                 inv_freq, factor = underneath(config, self.params, self.layer_type, device)
-                self.constants[key] = (inv_freq, factor**2, self.tag(inv_freq))
-            return self.constants[key]
+                self.constants[key] = (inv_freq, factor**2)
+            inv_freq, scale = self.constants[key]
+            if tagged and ("tag", device) not in self.constants:
+                self.constants["tag", device] = self.tag(inv_freq)
+            return inv_freq, scale, self.constants["tag", device] if tagged else None
         length = int(k_pos.max()) + 1  # positions 0 .. length-1 are in force (cached keys included)
         inv_freq, attention_factor = self.method.frequencies(config, device, length, self.layer_type)
-        return inv_freq.double(), float(attention_factor) ** 2, self.tag(inv_freq.double())
+        return inv_freq.double(), float(attention_factor) ** 2, self.tag(inv_freq.double()) if tagged else None
 
     def tag(self, inv_freq: torch.Tensor) -> tuple:
         return (self.name, tuple(inv_freq.tolist()), str(sorted(self.params.items())))
@@ -143,7 +146,9 @@ def underneath(config, params: dict, layer_type: str | None, device) -> tuple[to
     return inv_freq.double(), float(factor)
 
 
-_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> Layer
+# the attribute of an attention module that keeps its Layer: on the module itself (not in a table of modules, whose
+# size torch.compile would guard on, recompiling whenever some other model is freed)
+KEPT = "_hf_rope_ext_layer"
 
 
 def resolve(module) -> Layer | None:
@@ -156,9 +161,10 @@ def resolve(module) -> Layer | None:
     name = rope.get("rope_type", rope.get("type"))
     if not routes_through_attention(name, module.config):
         return None
-    layer = _LAYERS.get(module)
+    layer = module.__dict__.get(KEPT)
     if layer is None or layer.rope is not rope or layer.layer_type != layer_type or layer.snapshot != rope:
-        layer = _LAYERS[module] = build(name, rope, layer_type)
+        layer = build(name, rope, layer_type)
+        module.__dict__[KEPT] = layer
     return layer
 
 

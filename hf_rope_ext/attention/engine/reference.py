@@ -84,7 +84,7 @@ def chunk_scores(call: Call, rows: slice) -> torch.Tensor:
         inside = in_band(call.form.bands[index], call, rows)
         if inside is None:
             scores = band_scores(call, index, rows)
-        elif bool(inside.any()):  # a band no pair of the chunk reaches is not scored
+        elif torch.compiler.is_compiling() or bool(inside.any()):  # a band no pair reaches is not scored (eager)
             scores = torch.where(inside, band_scores(call, index, rows), scores)
     return scores
 
@@ -96,11 +96,17 @@ def values(call: Call) -> torch.Tensor:
 
 
 def chunks(call: Call) -> list[slice]:
-    """Query row slices: within the segments, at most SCORE_BUDGET scores per band, xPos's row limit."""
-    b, h, _, _ = call.query.shape
+    """Query row slices: within the segments, at most SCORE_BUDGET scores per band, xPos's row limit. Every row in
+    one slice where they fit: what torch.compile then assumes of symbolic lengths is a bound, not a value."""
+    b, h, q_len, _ = call.query.shape
+    if q_len == 1:
+        return [slice(0, 1)]
     size = max(1, SCORE_BUDGET // (b * h * call.key.shape[2] * len(call.form.bands)))
     size = min(size, decay_rows(call)) if call.form.decay is not None else size
-    return [slice(i, min(i + size, stop)) for start, stop in segments(call) for i in range(start, stop, size)]
+    spans = segments(call)
+    if len(spans) == 1 and q_len <= size:
+        return [slice(0, q_len)]
+    return [slice(i, min(i + size, stop)) for start, stop in spans for i in range(start, stop, size)]
 
 
 def additive(mask: torch.Tensor | None, dtype) -> torch.Tensor | None:
