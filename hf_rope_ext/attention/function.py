@@ -15,7 +15,7 @@ import torch
 from ..models import unsupported_reason
 from ..types import registry
 from .engine import fast, reference, rotated_cache
-from .engine.call import Call, crop_empty_slots, key_positions, query_positions
+from .engine.call import Call, crop_empty_slots, query_positions
 from .engine.temperature import temper
 from .layer import Layer, resolve
 from .mask_formats import FLASH, FLEX, causal_on_cache, engine_mask
@@ -69,15 +69,15 @@ def make_call(layer: Layer, module, query, key, value, mask, position_ids, memor
     identity only where rows are remembered (``memory``)."""
     batch, _, q_len, _ = query.shape
     q_pos = query_positions(position_ids, batch, q_len)
-    k_pos = key_positions(q_pos, mask, key.shape[2])
-    inv_freq, score_scale, tag = layer.frequencies(module.config, k_pos, query.device, tagged=memory is not None)
+    tagged = memory is not None
+    inv_freq, score_scale, tag = layer.frequencies(module.config, q_pos, mask, key.shape[2], query.device, tagged)
     query = temper(query, q_pos, layer.params, module.config)  # attention temperature (none: unchanged)
     return Call(
         query,
         key,
         value,
         q_pos,
-        k_pos,
+        mask,
         inv_freq,
         layer.params,
         layer.form,

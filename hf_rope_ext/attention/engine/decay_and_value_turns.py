@@ -14,12 +14,11 @@ RoPER (``form.values``): values rotated by their position n with their own frequ
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
-from ...frequencies.common import inv_freq_for_base
+from ...frequencies.common import inv_freq64
 from ...layout.rotation import rotate
 from .call import Call
 
@@ -77,14 +76,9 @@ def value_inv_freq(call: Call) -> torch.Tensor:
 
     def compute():
         dims = call.form.values.dims(call.params, 2 * call.inv_freq.shape[-1], call.value.shape[-1])
-        return _inv_freq64(float(call.params["rope_theta"]), dims, str(call.value.device))
+        return inv_freq64(float(call.params["rope_theta"]), dims, str(call.value.device))
 
     return call.constant("value_inv_freq", compute)
-
-
-@functools.lru_cache(maxsize=64)
-def _inv_freq64(base: float, dim: int, device: str) -> torch.Tensor:
-    return inv_freq_for_base(base, dim, device, torch.float64)
 
 
 def turn_output_back(call: Call, out: torch.Tensor, rows: slice) -> torch.Tensor:

@@ -39,7 +39,7 @@ def near_keys(call: Call, reach: int, last: torch.Tensor | None = None) -> torch
     turn = lambda x, p: rotate(x, p, call.inv_freq)  # noqa: E731
     offset = call.key.shape[2] - 1
     memory = call.memory
-    return rotated_cache.rotated(memory, "near_key", call.tag, call.key, call.k_pos, offset, turn, reach, last)
+    return rotated_cache.rotated(memory, "near_key", call.tag, call.key, call.key_positions, offset, turn, reach, last)
 
 
 def far_keys(call: Call, old_rows: int, last: torch.Tensor | None = None) -> torch.Tensor:
@@ -52,7 +52,9 @@ def far_keys(call: Call, old_rows: int, last: torch.Tensor | None = None) -> tor
     def turn(x, positions):
         return rotate(x, far.key_position(positions, call.params), call.inv_freq)
 
-    return rotated_cache.rotated(call.memory, "far_key", call.tag, call.key, call.k_pos, old_rows, turn, 0, last)
+    return rotated_cache.rotated(
+        call.memory, "far_key", call.tag, call.key, call.key_positions, old_rows, turn, 0, last
+    )
 
 
 def far_queries(call: Call, rows: slice) -> torch.Tensor:
