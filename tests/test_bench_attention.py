@@ -54,6 +54,31 @@ def test_engine_check_reports_every_type_and_case_and_fails_loudly_past_its_boun
     assert "| rerope | float32 | " in table and table.count(" FAIL") == len(failed)
 
 
+def test_compiled_decode_benchmark_checks_times_and_names_kernels_and_fails_loudly_past_its_bound(tmp_path):
+    """benchmarks/bench_compiled_decode.py on CPU at toy sizes (dynamo's eager backend): a graphed row per type
+    checked against its uncompiled step and a generate row per model type, each naming what ran; a bound of 0 makes
+    the type's check (its compiled path differs from the uncompiled one in the last bits) a FAIL, exit status 3;
+    gpu_report.py puts the table in gpu.md."""
+    out = tmp_path / "compiled.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_compiled_decode.py"), "--device", "cpu"]
+    command += ["--cached", "40", "--head-dim", "16", "--steps", "1", "--warmup", "1", "--types", "self_extend"]
+    command += ["--model-types", "rerope", "--model-shape", "toy", "--prompt", "24", "--new-tokens", "3"]
+    command += ["--bound", "0", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 3, done.stderr[-2000:]
+    records = json.loads(out.read_text())["records"]
+    assert [(r["pass"], r["rope_type"]) for r in records] == [
+        ("graphed", "default"), ("graphed", "self_extend"), ("generate", "default"), ("generate", "rerope")
+    ]  # fmt: skip
+    graphed = {r["rope_type"]: r for r in records if r["pass"] == "graphed"}
+    assert graphed["default"]["ok"] and not graphed["self_extend"]["ok"] and graphed["self_extend"]["error"] < 2**-6
+    assert all(r["kernels"] for r in records) and all(r["tokens_per_s"] > 0 for r in records if r["pass"] == "generate")
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_report.py"), str(tmp_path)], check=True, env=env)
+    report = (tmp_path / "gpu.md").read_text()
+    assert "Compiled decode" in report and "| graphed | 40 | self_extend |" in report and "FAIL" in report
+
+
 def test_training_benchmark_has_a_row_per_training_free_attention_type():
     """benchmarks/bench_train_attention.py: forward and backward on PoSE positions, both engines, every type."""
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_train_attention.py"), "--lengths", "48"]
@@ -144,7 +169,7 @@ def test_gpu_script_names_an_unknown_part_and_measures_nothing(tmp_path):
         ["bash", str(ROOT / "benchmarks" / "gpu.sh"), str(out)], env=env, capture_output=True, text=True
     )
     assert done.returncode == 2, done.stderr
-    assert "GPU_PARTS has 'passkey'; allowed: engines, attention, finetune, profile" in done.stderr
+    assert "GPU_PARTS has 'passkey'; allowed: engines, attention, compiled, finetune, profile" in done.stderr
     assert not out.exists()
 
 

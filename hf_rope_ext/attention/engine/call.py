@@ -10,7 +10,6 @@ The KV cache holds keys *before* rotation, so each call needs the position of ev
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -37,10 +36,12 @@ class Call:
     state: dict = field(default_factory=dict)  # what one engine computed once for all chunks
     constants: dict = field(default_factory=dict)  # values of the layer alone, kept with it across calls
 
-    @functools.cached_property
+    @property
     def k_pos(self) -> torch.Tensor:
         """[B, kv] int64: the keys' positions, formed on first use (a decode step on remembered rows needs none)."""
-        return key_positions(self.q_pos, self.key_mask, self.key.shape[2])
+        if "k_pos" not in self.state:  # kept in ``state``, not by functools.cached_property: torch.compile traces this
+            self.state["k_pos"] = key_positions(self.q_pos, self.key_mask, self.key.shape[2])
+        return self.state["k_pos"]
 
     def key_positions(self) -> torch.Tensor:
         """``k_pos`` as a function (what ``rotated_cache`` takes: it asks only where it needs them)."""

@@ -14,7 +14,7 @@ import torch
 from torch.nn import functional as F
 
 from ...layout.rotation import rotate
-from ..methods.form import Band
+from ..methods.form import Band, origin
 from .call import Call, chunk_mask
 from .decay_and_value_turns import (
     decay_rows,
@@ -24,7 +24,6 @@ from .decay_and_value_turns import (
     turn_output_back,
     value_inv_freq,
 )
-from .piece import expand_heads
 
 SCORE_BUDGET = 2**26  # score elements per band and query chunk (256 MiB in float32), whatever the input length
 
@@ -45,16 +44,25 @@ def positions(position_fn, p: torch.Tensor, params: dict) -> torch.Tensor:
 
 
 def band_keys(call: Call) -> list[torch.Tensor]:
-    """Each band's keys [B, H, kv, d], rotated by its key positions (rotated once per call, shared by chunks)."""
+    """Each band's keys [B, Hkv, kv, d], rotated by its key positions (rotated once per call, shared by chunks; at
+    ``origin``, as cached)."""
     if "keys" not in call.state:
-        key, done = expand_heads(call.key, call.query.shape[1]), {}
+        done = {origin: call.key}
         for band in call.form.bands:  # bands sharing a key position (Dual Chunk Attention's) share the rotation
             if band.key_position not in done:
-                done[band.key_position] = rotate(
-                    key, positions(band.key_position, call.k_pos, call.params), call.inv_freq
-                )
+                at = positions(band.key_position, call.k_pos, call.params)
+                done[band.key_position] = rotate(call.key, at, call.inv_freq)
         call.state["keys"] = [done[band.key_position] for band in call.form.bands]
     return call.state["keys"]
+
+
+def grouped_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [B, H, c, n] @ b [B, Hkv, n, e] -> [B, H, c, e], query head h reading kv head h // (H / Hkv) (as
+    transformers' repeat_kv), the heads of a kv head taken as rows of one product: no copy of b per head."""
+    batch, heads, c, n = a.shape
+    kv_heads = b.shape[1]
+    rows = a.reshape(batch, kv_heads, heads // kv_heads * c, n)
+    return (rows @ b).view(batch, heads, c, b.shape[-1])
 
 
 def band_scores(call: Call, index: int, rows: slice) -> torch.Tensor:
@@ -66,7 +74,7 @@ def band_scores(call: Call, index: int, rows: slice) -> torch.Tensor:
         ref = m.max(dim=-1, keepdim=True).values  # [B, 1]
         q = scale_pairs(q, query_log_scale(call, m, ref))
         k = scale_pairs(k, key_log_scale(call, call.k_pos, ref))
-    return q @ k.transpose(-1, -2)
+    return grouped_product(q, k.transpose(-1, -2))
 
 
 def scale_pairs(x: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
@@ -90,8 +98,8 @@ def chunk_scores(call: Call, rows: slice) -> torch.Tensor:
 
 
 def values(call: Call) -> torch.Tensor:
-    """Values [B, H, kv, dv], RoPER's rotated by their positions."""
-    value = expand_heads(call.value, call.query.shape[1])
+    """Values [B, Hkv, kv, dv], RoPER's rotated by their positions."""
+    value = call.value
     return value if call.form.values is None else rotate(value, call.k_pos, value_inv_freq(call))
 
 
@@ -124,7 +132,7 @@ def softmax_output(scores, value, mask, scale: float, dropout: float, training: 
     if mask is not None:
         scores = scores + additive(mask, scores.dtype)
     weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    return F.dropout(weights, p=dropout, training=training) @ value
+    return grouped_product(F.dropout(weights, p=dropout, training=training), value)
 
 
 def run(call: Call, mask, causal: bool, scale: float, dropout=0.0, training=False, softcap=None) -> torch.Tensor:
