@@ -35,6 +35,7 @@ from hf_rope_ext.attention.engine import flex, kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_attention as bench  # noqa: E402
+from bench_compiled_decode import SHAPES  # noqa: E402
 
 # operations that hand a value back to Python: on a GPU each waits for every kernel queued before it (a host sync)
 SYNCS = ("aten.equal.", "aten._local_scalar_dense.", "aten.is_nonzero.", "aten.nonzero.")
@@ -105,16 +106,9 @@ def last_step_ops(name: str, cached: int, large: int, device: str, block_masks: 
 
 
 def tiny_llama(rope: dict, layers: int = 2) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=97,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        rope_parameters={"rope_theta": 10000.0, **rope},
-    )
+    """A float32 Llama of ``bench_compiled_decode``'s toy shape with ``layers`` layers using ``rope``."""
+    shape = {**SHAPES["toy"], "num_hidden_layers": layers}
+    config = LlamaConfig(**shape, max_position_embeddings=4096, rope_parameters={"rope_theta": 10000.0, **rope})
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
 

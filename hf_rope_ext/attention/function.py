@@ -5,7 +5,9 @@ under each of ``IMPLEMENTATIONS``) for a module whose config names one of these 
 unrotated (the rotary module got zero frequencies) and the KV cache holds unrotated keys, so each call rotates
 with exact positions: ``"eager"`` runs the reference engine; ``"sdpa"``, flash-attention and flex run the fast
 engine where it applies (on CUDA its kernel is compiled flex_attention, see ``engine.kernels``), their masks first
-read into the engines' form (``mask_formats``).
+read into the engines' form (``mask_formats``). While torch.compile traces the call (transformers' compiled decode
+of ``generate(cache_implementation="static")``, or a user's ``torch.compile``), ``attend_traced`` runs instead:
+static shapes, nothing read back from the device, no state beside the tensors.
 """
 
 from __future__ import annotations

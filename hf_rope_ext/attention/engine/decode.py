@@ -64,7 +64,7 @@ def two_band_decode(call: Call, scale: float) -> torch.Tensor:
     q_near, q_far, *_ = turn_step(grouped(call.query, kv_heads), cos, sin, partner).unbind(0)  # R(m) q, R(f(m)) q
     new = turn_step(call.key.narrow(2, kv - 1, 1), cos, sin, partner).unbind(0)  # R(m) k, R(f(m)) k, R(g(m)) k
     near_k = near_keys(call, reach, new[0])
-    far_k = far_keys(call, kv - 1, new[-1] if cos.shape[0] > 2 else None).narrow(2, 0, reach)
+    far_k = far_keys(call, kv - 1, new[-1] if cos.shape[0] > 2 else None, stop=reach)
     near = attend_piece(q_near, near_k, call.value.narrow(2, reach, kv - reach), Piece(), scale)
     far = attend_piece(q_far, far_k, call.value.narrow(2, 0, reach), Piece(), scale)
     return merge_two(near, far).view(b, h, 1, -1)

@@ -182,11 +182,12 @@ def rotated(
     rotate: Callable,
     start: int = 0,
     last: torch.Tensor | None = None,
+    stop: int | None = None,
 ) -> torch.Tensor:
-    """``rotate(source[:, :, start:], positions()[:, start:])`` [B, Hkv, kv - start, d], reusing the rows that
-    ``memory`` holds from earlier calls where valid (``start`` > 0: a trailing window, as the near band while
-    decoding). ``positions`` gives the key positions [B, kv] where they are needed (a decode step on a cache layer's
-    rows does without them).
+    """``rotate(source[:, :, start:stop], positions()[:, start:stop])`` [B, Hkv, stop - start, d] (``stop``: kv
+    when None), reusing the rows that ``memory`` holds from earlier calls where valid (``start`` > 0: a trailing
+    window, as the near band while decoding; ``stop`` < kv: the rows read, all being remembered). ``positions`` gives
+    the key positions [B, kv] where they are needed (a decode step on a cache layer's rows does without them).
 
     ``old_rows``: rows of ``source`` that were already in the cache before this call (kv - q_len); only those can
     be reused, and the result is remembered only for calls that extend a cache (old_rows > 0) without autograd.
@@ -194,7 +195,7 @@ def rotated(
     step rotates its query by the same angles). The returned view is valid until the next call on the same memory.
     """
     if old_rows <= 0 or (torch.is_grad_enabled() and source.requires_grad):
-        return rotate(source[:, :, start:], positions()[:, start:])
+        return rotate(source[:, :, start:stop], positions()[:, start:stop])
     entry = memory.entries.get(purpose)
     end = reusable_end(entry, tag, source, positions, range(start, old_rows), memory.trusted)
     kv = source.shape[2]
@@ -204,7 +205,7 @@ def rotated(
     put(entry, end, kv, *copied, fresh)
     entry.tag, entry.end = tag, kv
     memory.entries[purpose] = entry
-    return entry.rotated.narrow(2, start - entry.base, kv - start)
+    return entry.rotated.narrow(2, start - entry.base, (kv if stop is None else stop) - start)
 
 
 def forget(module) -> None:
