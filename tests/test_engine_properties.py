@@ -197,3 +197,18 @@ def run_case(case: Case) -> None:
 @given(case=cases())
 def test_the_fast_engine_equals_the_reference_on_random_cases(case):
     run_case(case)
+
+
+@settings(PROFILE)
+@given(gamma=st.floats(0.01, 10.0), scale_base=st.floats(1.0, 4096.0))
+def test_a_declared_steepest_decay_is_its_first_pairs(gamma, scale_base):
+    """``Decay.steepest`` (what chunks are sized by, a number torch.compile can take) is -log zeta_0 of ``log_zeta``,
+    and the largest decay of every pair, for each type that declares a decay."""
+    for method in registry.methods():
+        decay = method.attention.decay if method.attention is not None else None
+        if decay is None or decay.steepest is None:
+            continue
+        params = registry.filled({"rope_type": method.name, "gamma": gamma, "scale_base": scale_base}, method)
+        logs = decay.log_zeta(torch.arange(8, dtype=torch.float64) / 8, params)
+        assert decay.steepest(params) == pytest.approx(-float(logs[0]), rel=1e-12)
+        assert decay.steepest(params) >= float(-logs.min()) - 1e-12

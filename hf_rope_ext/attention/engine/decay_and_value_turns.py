@@ -41,8 +41,9 @@ def log_zeta(call: Call) -> torch.Tensor:
 
 def decay_rows(call: Call) -> int:
     """Rows per chunk such that zeta_0^(-(rows - 1)/scale) stays within the exponent bound."""
-    scale = call.form.decay.scale(call.params)
-    return max(1, int(exponent_bound(call.query.dtype) * scale / call.form.decay.steepest(call.params)))
+    decay = call.form.decay
+    steepest = decay.steepest(call.params) if decay.steepest is not None else -float(log_zeta(call)[0])
+    return max(1, int(exponent_bound(call.query.dtype) * decay.scale(call.params) / steepest))
 
 
 def segments(call: Call) -> list[tuple[int, int]]:
