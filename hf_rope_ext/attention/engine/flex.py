@@ -88,30 +88,33 @@ def full_block_lists(row_blocks: int, column_blocks: int, device: torch.device, 
 kept_full_block_lists = functools.lru_cache(maxsize=64)(full_block_lists)
 
 
+def every_block_lists(rows: int, columns: int, device, batch: int = 1) -> tuple[torch.Tensor, ...]:
+    """``full_block_lists`` of a rows x columns piece (one row block's kept, ``kept_full_block_lists``)."""
+    return (kept_full_block_lists if rows <= BLOCK else full_block_lists)(
+        -(-rows // BLOCK), -(-columns // BLOCK), torch.device(device), batch
+    )
+
+
+def rule_block_mask(piece: Piece, batch: int, rows: int, columns: int, device, backward: bool) -> BlockMask:
+    """A piece with a rule: every key block listed as partly seen, the rule deciding inside (lists per batch row:
+    the rule depends on it)."""
+    *_, counts, indices = every_block_lists(rows, columns, device, batch)
+    options = dict(BLOCK_SIZE=BLOCK, mask_mod=piece.rule.mask_mod, seq_lengths=(rows, columns))
+    return BlockMask.from_kv_blocks(counts, indices, **options, compute_q_blocks=backward)
+
+
 def piece_block_mask(piece: Piece, batch: int, rows: int, columns: int, device, backward: bool = False) -> BlockMask:
     """The block mask of a piece, also of one that sees every key (every block listed as full): given no block
     mask, compiled flex builds its own inside the graph, and its kernel took 22x longer on a decode step's single
     query row than with a block mask given to it (1.05 ms against 47 us after 32k keys on an H200). The lists by
     key block that only the backward reads are built for ``backward`` only: transposing the lists took 58 of a
     decode step's 103 operations of building the mask."""
-    if piece.rule is not None:  # every key block listed as partly seen, the rule deciding inside (lists per batch
-        # row: the rule depends on it)
-        blocks = (-(-rows // BLOCK), -(-columns // BLOCK), torch.device(device), batch)
-        *_, counts, indices = (kept_full_block_lists if rows <= BLOCK else full_block_lists)(*blocks)
-        return BlockMask.from_kv_blocks(
-            counts,
-            indices,
-            BLOCK_SIZE=BLOCK,
-            mask_mod=piece.rule.mask_mod,
-            seq_lengths=(rows, columns),
-            compute_q_blocks=backward,
-        )
+    if piece.rule is not None:
+        return rule_block_mask(piece, batch, rows, columns, device, backward)
     if piece.mask is not None:
         return tensor_block_mask(piece.mask, batch)
     if not piece.cuts(rows, columns):  # every block full, mask_mod never called
-        lists = (kept_full_block_lists if rows <= BLOCK else full_block_lists)(
-            -(-rows // BLOCK), -(-columns // BLOCK), torch.device(device)
-        )
+        lists = every_block_lists(rows, columns, device)
         return BlockMask.from_kv_blocks(
             *lists, BLOCK_SIZE=BLOCK, seq_lengths=(rows, columns), compute_q_blocks=backward
         )
