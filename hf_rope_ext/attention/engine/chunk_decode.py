@@ -32,37 +32,36 @@ def band_positions(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(positions, dim=1).view(m.shape[0], 1, BANDS), positions[0]
 
 
-def distances(call: Call) -> torch.Tensor:
-    """[kv] int64: t = m - n of each key, kv - 1 down to 0 (a view of a layer constant that grows as needed)."""
+def columns(call: Call) -> torch.Tensor:
+    """[kv] int64: 0 .. kv - 1 (a view of a layer constant that grows as needed)."""
     kv = call.key.shape[2]
-    held = call.constants.get(("distances", call.key.device))
+    held = call.constants.get(("columns", call.key.device))
     if held is None or held.shape[0] < kv:
-        held = torch.arange(2 * kv - 1, -1, -1, device=call.key.device)
-        call.constants["distances", call.key.device] = held
-    return held.narrow(0, held.shape[0] - kv, kv)
+        held = call.constants["columns", call.key.device] = torch.arange(2 * kv, device=call.key.device)
+    return held.narrow(0, 0, kv)
 
 
 @dataclass(eq=False)
 class BandRule:
-    """The bands of one step's query rows (``piece.Rule``): row block b (``rows`` rows) sees the keys whose
-    distance t = kv - 1 - j from the query has t - r in band b (``bucketize`` by [0, c]), r [B, 1] = m mod c."""
+    """The bands of one step's query rows (``piece.Rule``): row block b (``rows`` rows) sees the key at index j
+    when t - r = anchor - j is in band b (``bucketize`` by [0, c]; t = kv - 1 - j the key's distance, r = m mod c,
+    anchor [B, 1] = kv - 1 - r). Only tensors change from step to step (a compiled flex keeps one variant)."""
 
-    r: torch.Tensor
+    anchor: torch.Tensor
     chunk: int
     rows: int
-    kv: int
-    constants: dict  # the layer's: distances, bounds, row bands, the dtype's 0 and minimum (``rule_constants``)
+    constants: dict  # the layer's: columns, bounds, row bands, the dtype's 0 and minimum (``rule_constants``)
     dense: torch.Tensor | None = None
 
     def mask_mod(self, b, h, row, column):
-        t = (self.kv - 1 - column) - self.r[b, 0]
+        t = self.anchor[b, 0] - column
         return (t > 0).to(torch.int64) + (t > self.chunk).to(torch.int64) == row // self.rows
 
     def additive(self) -> torch.Tensor:
         """[B, 1, 3 rows, kv], formed once (the layers of a step share the rule)."""
         if self.dense is None:
             held = self.constants
-            band = torch.bucketize(held["distances"] - self.r, held["bounds"])  # [B, kv]
+            band = torch.bucketize(self.anchor - held["columns"], held["bounds"])  # [B, kv]
             allowed = band.view(band.shape[0], 1, 1, -1) == held["row_band"]  # [B, 1, 3 rows, kv]
             self.dense = torch.where(allowed, held["zero"], held["low"])
         return self.dense
@@ -77,7 +76,7 @@ def rule_constants(call: Call, rows: int) -> dict:
         row_band = torch.arange(BANDS, device=device).repeat_interleave(rows).view(-1, 1)
         return {"bounds": torch.tensor([0, c], device=device), "row_band": row_band, "low": low, "zero": low * 0}
 
-    return {**call.constant(("band_rule", rows, dtype), compute), "distances": distances(call)}
+    return {**call.constant(("band_rule", rows, dtype), compute), "columns": columns(call)}
 
 
 def chunk_keys_step(call: Call, new: torch.Tensor) -> torch.Tensor:
@@ -94,7 +93,8 @@ def chunk_keys_step(call: Call, new: torch.Tensor) -> torch.Tensor:
 def step_angles_and_rule(call: Call, freq: torch.Tensor, rows: int):
     """(cos, sin [B, 1, 3, 1, d] of the bands' query positions, the bands' ``BandRule``) of a step."""
     positions, r = band_positions(call)  # [B, 1, 3], [B, 1]
-    rule = BandRule(r, call.form.chunks(call.params), rows, call.key.shape[2], rule_constants(call, rows))
+    anchor = (call.key.shape[2] - 1) - r
+    rule = BandRule(anchor, call.form.chunks(call.params), rows, rule_constants(call, rows))
     return *step_cos_sin(positions, freq), rule
 
 
