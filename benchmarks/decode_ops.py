@@ -1,6 +1,7 @@
 """How many torch operations one decode step's attention call runs, per attention-level rope type.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/decode_ops.py [--cached 8192] [--types rerope xpos]
+    OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/decode_ops.py --model [--cached 1100]
 
 On a GPU a decode step's attention is short work, so its time is set by how many operations it dispatches (each
 costs Python dispatch and, for a kernel, a launch): on an H200 the package's types took 1.7-3.6 ms a step after 8k
@@ -10,7 +11,10 @@ of ``bench_attention`` (32 / 8 heads, head_dim 128, bf16) steps three times on a
 dispatch mode counts the operations of the last step's attention call (views and slices included; those that
 return more than ``--large`` elements are counted apart: copies or work that grow with the cache). On a CPU,
 ``--block-masks`` also builds, for each piece, the block mask the CUDA kernel would give compiled flex
-(``flex.kernel_block_mask``), so the count includes that host work too.
+(``flex.kernel_block_mask``), so the count includes that host work too. ``--model`` counts instead one whole decode
+step (embedding, every layer, head) of a 2-layer tiny Llama (hidden 64, 4 / 2 heads, float32) whose rotating cache
+(what ``generate`` gives these types) holds the prompt, and gives each type's operations per layer beyond the stock
+model's (``default``): what the attention functions add, layers sharing what a step computes once.
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import AttentionInterface
+from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+import hf_rope_ext
 from hf_rope_ext.attention.engine import flex, kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_attention as bench  # noqa: E402
+from bench_compiled_decode import SHAPES  # noqa: E402
 
 # operations that hand a value back to Python: on a GPU each waits for every kernel queued before it (a host sync)
 SYNCS = ("aten.equal.", "aten._local_scalar_dense.", "aten.is_nonzero.", "aten.nonzero.")
@@ -99,6 +105,43 @@ def last_step_ops(name: str, cached: int, large: int, device: str, block_masks: 
     return found[-1]
 
 
+def tiny_llama(rope: dict, layers: int = 2) -> LlamaForCausalLM:
+    """A float32 Llama of ``bench_compiled_decode``'s toy shape with ``layers`` layers using ``rope``."""
+    shape = {**SHAPES["toy"], "num_hidden_layers": layers}
+    config = LlamaConfig(**shape, max_position_embeddings=4096, rope_parameters={"rope_theta": 10000.0, **rope})
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def model_step_ops(name: str, cached: int, large: int, layers: int = 2) -> Counted:
+    """The counter of the third decode step of a tiny Llama (``tiny_llama``) using ``name`` after ``cached`` tokens."""
+    model = tiny_llama(bench.TYPES[name], layers)
+    cache = hf_rope_ext.rope_cache(model)
+    keyword = {hf_rope_ext.cache_keyword(model): cache}
+    ids = torch.randint(3, 97, (1, cached), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(ids, **keyword).logits
+        for _ in range(2):
+            logits = model(logits[:, -1:].argmax(-1), **keyword).logits
+        with Counted(large) as counter:
+            model(logits[:, -1:].argmax(-1), **keyword)
+    return counter
+
+
+def model_table(args) -> None:
+    """Operations of a whole step per type, and per layer beyond the stock model's."""
+    stock = sum(model_step_ops("default", args.cached, args.large, args.layers).ops.values())
+    print(
+        f"| rope_type | operations per model step (after {args.cached} tokens, {args.layers} layers) "
+        "| beyond stock, per layer | host syncs |"
+    )
+    print("| --- | ---: | ---: | ---: |")
+    for name in args.types:
+        counter = model_step_ops(name, args.cached, args.large, args.layers)
+        total = sum(counter.ops.values())
+        print(f"| {name} | {total} | {(total - stock) / args.layers:.1f} | {counter.syncs} |", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cached", type=int, default=8192, help="tokens in the cache before the steps")
@@ -106,7 +149,12 @@ def main(argv=None) -> int:
     parser.add_argument("--large", type=int, default=100_000, help="elements above which an output counts as large")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--block-masks", action="store_true", help="on a CPU, also build the CUDA kernel's masks")
+    parser.add_argument("--model", action="store_true", help="count whole decode steps of a tiny Llama instead")
+    parser.add_argument("--layers", type=int, default=2, help="layers of --model's Llama")
     args = parser.parse_args(argv)
+    if args.model:
+        model_table(args)
+        return 0
     if args.block_masks and args.device != "cpu":
         parser.error(f"--block-masks counts the CUDA kernel's masks on a CPU; --device is {args.device!r}, not 'cpu'")
     print(

@@ -3,7 +3,8 @@
     python benchmarks/gpu_report.py OUT
 
 Reads OUT/engines.json (``check_engines.py --json``: errors against the reference engine), OUT/attention.json
-(``bench_attention.py --json``), OUT/finetune.json (``bench_finetune_gpu.py --json``) and,
+(``bench_attention.py --json``), OUT/compiled.json (``bench_compiled_decode.py --json``: compiled decode in a CUDA
+graph and compiled ``generate``, with its own table), OUT/finetune.json (``bench_finetune_gpu.py --json``) and,
 when present, the JSON files under OUT/passkey/ (``experiments/real_model_report.py --out``); a part not measured is
 named as missing in both outputs.
 """
@@ -69,6 +70,7 @@ def main(argv=None) -> int:
     parts = {
         "engines": load(out / "engines.json"),
         "attention": load(out / "attention.json"),
+        "compiled": load(out / "compiled.json"),
         "finetune": load(out / "finetune.json"),
         "passkey": [load(p) for p in sorted((out / "passkey").glob("*.json"))] or None,
     }
@@ -79,6 +81,9 @@ def main(argv=None) -> int:
     if parts["attention"]:
         title = "Attention call, x plain sdpa: time (min over repeats) / peak memory"
         md += ["", title, "", *attention_table(parts["attention"])]
+    if parts["compiled"]:
+        title = "Compiled decode (StaticCache): graphed attention step and generate tokens/s, x plain compiled alike"
+        md += ["", title, "", *parts["compiled"]["table"]]
     if parts["finetune"]:
         md += ["", "LoRA fine-tuning", "", *finetune_table(parts["finetune"])]
     if parts["passkey"]:

@@ -37,8 +37,9 @@ def dense_kernel(q, k, v, piece: Piece, scale: float):
     c, kv = q.shape[2], k.shape[2]
     rows = torch.arange(piece.row0, piece.row0 + c)[:, None] - torch.arange(piece.column0, piece.column0 + kv)
     allowed = (rows >= piece.low) & (rows < piece.high)
-    if piece.mask is not None:
-        allowed = allowed & (piece.mask > torch.finfo(piece.mask.dtype).min / 2)
+    mask = piece.dense_mask()
+    if mask is not None:
+        allowed = allowed & (mask > torch.finfo(mask.dtype).min / 2)
     return attend_allowed(q, k, v, allowed, scale)
 
 

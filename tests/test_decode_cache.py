@@ -314,10 +314,11 @@ def test_one_memory_switching_between_rotations_stays_exact():
     turns = {"double": lambda x, p: 2 * x, "triple": lambda x, p: 3 * x}
     for memory in (rotated_cache.beside(torch.nn.Identity()), rotated_cache.Memory({}, trusted=True)):
         for kv, tag in ((8, "double"), (9, "double"), (10, "triple"), (11, "double"), (12, "double")):
-            got = rotated_cache.rotated(memory, "p", (tag,), keys[:, :, :kv], positions[:, :kv], kv - 1, turns[tag])
+            at = lambda: positions[:, :kv]  # noqa: B023  (called at once)
+            got = rotated_cache.rotated(memory, "p", (tag,), keys[:, :, :kv], at, kv - 1, turns[tag])
             torch.testing.assert_close(got, keys[:, :, :kv] * (2 if tag == "double" else 3), rtol=0, atol=0)
         given = torch.full((1, 2, 1, 4), 7.0)
-        got = rotated_cache.rotated(memory, "p", ("double",), keys, positions, 11, turns["double"], last=given)
+        got = rotated_cache.rotated(memory, "p", ("double",), keys, lambda: positions, 11, turns["double"], last=given)
         assert torch.equal(got[:, :, :11], 2 * keys[:, :, :11]) and torch.equal(got[:, :, 11:], given)
 
 

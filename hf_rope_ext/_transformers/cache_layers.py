@@ -74,6 +74,9 @@ class RotatedRows:
                 del self.rope_entries[purpose]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if torch.compiler.is_compiling():  # a compiled step keeps no rows (nor links a tensor): none stay valid
+            self.rope_entries.clear()
+            return super().update(key_states, value_states, *args, **kwargs)
         kept = self.kept_rows(key_states.shape[-2])
         keys, values = super().update(key_states, value_states, *args, **kwargs)  # keys [B, Hkv, kv, d]
         self.keep_rows(kept)

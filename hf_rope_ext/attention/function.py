@@ -5,15 +5,19 @@ under each of ``IMPLEMENTATIONS``) for a module whose config names one of these 
 unrotated (the rotary module got zero frequencies) and the KV cache holds unrotated keys, so each call rotates
 with exact positions: ``"eager"`` runs the reference engine; ``"sdpa"``, flash-attention and flex run the fast
 engine where it applies (on CUDA its kernel is compiled flex_attention, see ``engine.kernels``), their masks first
-read into the engines' form (``mask_formats``).
+read into the engines' form (``mask_formats``). While torch.compile traces the call (transformers' compiled decode
+of ``generate(cache_implementation="static")``, or a user's ``torch.compile``), ``attend_traced`` runs instead:
+static shapes, nothing read back from the device, no state beside the tensors.
 """
 
 from __future__ import annotations
 
+import torch
+
 from ..models import unsupported_reason
 from ..types import registry
 from .engine import fast, reference, rotated_cache
-from .engine.call import Call, crop_empty_slots, key_positions, query_positions
+from .engine.call import Call, crop_empty_slots, query_positions
 from .engine.temperature import temper
 from .layer import Layer, resolve
 from .mask_formats import FLASH, FLEX, causal_on_cache, engine_mask
@@ -63,18 +67,19 @@ def check_window_mask(module, name: str, mask, key, sliding_window) -> None:
 
 
 def make_call(layer: Layer, module, query, key, value, mask, position_ids, memory) -> Call:
-    """Positions of queries and keys, the frequencies the layer rotates by (kv heads as they come)."""
+    """Positions of queries and keys, the frequencies the layer rotates by (kv heads as they come); the rotation's
+    identity only where rows are remembered (``memory``)."""
     batch, _, q_len, _ = query.shape
     q_pos = query_positions(position_ids, batch, q_len)
-    k_pos = key_positions(q_pos, mask, key.shape[2])
-    inv_freq, score_scale, tag = layer.frequencies(module.config, k_pos, query.device)
+    tagged = memory is not None
+    inv_freq, score_scale, tag = layer.frequencies(module.config, q_pos, mask, key.shape[2], query.device, tagged)
     query = temper(query, q_pos, layer.params, module.config)  # attention temperature (none: unchanged)
     return Call(
         query,
         key,
         value,
         q_pos,
-        k_pos,
+        mask,
         inv_freq,
         layer.params,
         layer.form,
@@ -85,11 +90,34 @@ def make_call(layer: Layer, module, query, key, value, mask, position_ids, memor
     )
 
 
+def causal_and_scale(module, call: Call, scaling, kwargs: dict) -> tuple[bool, float]:
+    """(whether attention is causal where no mask says otherwise, the softmax scale with the layer's own factor)."""
+    causal = kwargs.get("is_causal") if kwargs.get("is_causal") is not None else getattr(module, "is_causal", True)
+    return causal, (scaling if scaling is not None else call.query.shape[-1] ** -0.5) * call.score_scale
+
+
+def attend_traced(layer: Layer, implementation: str, module, query, key, value, mask, scaling, dropout, kwargs):
+    """``attend_layer`` while torch.compile traces the call: nothing read back from the device, no Python state
+    on tensors, shapes as they come (a static cache's unfilled slots stay, masked, never cut off). No rows are
+    remembered: the reference engine scores every band, its masks built from positions on the device."""
+    softcap = refuse_extras(module, layer.name, implementation, kwargs)
+    mask = engine_mask(implementation, mask, query.shape[2], key.shape[2], kwargs, query.device, simplify=False)
+    if mask is None:  # an empty static cache (several queries, more keys): the slots after the queries are unfilled
+        key, value, _ = crop_empty_slots(query, key, value, None)
+    check_window_mask(module, layer.name, mask, key, kwargs.get("sliding_window"))
+    call = make_call(layer, module, query, key, value, mask, kwargs.get("position_ids"), None)
+    causal, scale = causal_and_scale(module, call, scaling, kwargs)
+    out = reference.run(call, mask, causal, scale, dropout, module.training, softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
 def attend_layer(
     layer: Layer, implementation: str, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
 ):
     """``attend`` for a module already resolved to ``layer``."""
     check_module(module, layer.name, implementation)
+    if torch.compiler.is_compiling():
+        return attend_traced(layer, implementation, module, query, key, value, attention_mask, scaling, dropout, kwargs)
     softcap = refuse_extras(module, layer.name, implementation, kwargs)
     attention_mask = engine_mask(implementation, attention_mask, query.shape[2], key.shape[2], kwargs, query.device)
     memory = rotated_cache.kept_by_cache(key) or rotated_cache.beside(module)  # before cropping: the layer's keys
@@ -97,8 +125,7 @@ def attend_layer(
     attention_mask = causal_on_cache(attention_mask, query.shape[2], key.shape[2])  # unmasked plans on a cache
     check_window_mask(module, layer.name, attention_mask, key, kwargs.get("sliding_window"))
     call = make_call(layer, module, query, key, value, attention_mask, kwargs.get("position_ids"), memory)
-    causal = kwargs.get("is_causal") if kwargs.get("is_causal") is not None else getattr(module, "is_causal", True)
-    scale = (scaling if scaling is not None else query.shape[-1] ** -0.5) * call.score_scale
+    causal, scale = causal_and_scale(module, call, scaling, kwargs)
     out = None
     if implementation != "eager":
         out = fast.run(call, module, attention_mask, causal, scale, dropout, module.training)

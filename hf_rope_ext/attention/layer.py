@@ -9,15 +9,14 @@ frequencies and the rotation's identity) is resolved at its first call and kept 
 from __future__ import annotations
 
 import copy
-import functools
-import weakref
 from dataclasses import dataclass, field
 
 import torch
 
-from ..frequencies.common import inv_freq_for_base, rope_setup
+from ..frequencies.common import inv_freq64, rope_setup
 from ..models import is_rope_free_layer
 from ..types import registry
+from .engine.call import key_positions
 from .methods.form import PLAIN, AttentionForm
 from .methods.params import FAMILIES
 
@@ -98,17 +97,22 @@ class Layer:
     snapshot: dict  # ... and a copy, to notice changes made in place
     constants: dict = field(default_factory=dict)  # values of the layer alone, per device (``Call.constant``)
 
-    def frequencies(self, config, k_pos: torch.Tensor, device) -> tuple[torch.Tensor, float, tuple]:
-        """(theta_i [r/2] float64, score scale, the rotation's identity) of a call with keys at ``k_pos``."""
+    def frequencies(self, config, q_pos: torch.Tensor, mask, kv: int, device, tagged: bool = True):
+        """(theta_i [r/2] float64, score scale, the rotation's identity) of a call with queries at ``q_pos`` and
+        ``kv`` keys under ``mask`` (a dynamic type's frequencies depend on the farthest key position); the identity
+        (read back from the device once per layer) only when ``tagged``, else None."""
         if not self.method.dynamic:
             key = ("frequencies", device)  # a torch.device (the query's)
             if key not in self.constants:
                 inv_freq, factor = underneath(config, self.params, self.layer_type, device)
-                self.constants[key] = (inv_freq, factor**2, self.tag(inv_freq))
-            return self.constants[key]
-        length = int(k_pos.max()) + 1  # positions 0 .. length-1 are in force (cached keys included)
+                self.constants[key] = (inv_freq, factor**2)
+            inv_freq, scale = self.constants[key]
+            if tagged and ("tag", device) not in self.constants:
+                self.constants["tag", device] = self.tag(inv_freq)
+            return inv_freq, scale, self.constants["tag", device] if tagged else None
+        length = int(key_positions(q_pos, mask, kv).max()) + 1  # positions 0 .. length-1 in force (cached keys too)
         inv_freq, attention_factor = self.method.frequencies(config, device, length, self.layer_type)
-        return inv_freq.double(), float(attention_factor) ** 2, self.tag(inv_freq.double())
+        return inv_freq.double(), float(attention_factor) ** 2, self.tag(inv_freq.double()) if tagged else None
 
     def tag(self, inv_freq: torch.Tensor) -> tuple:
         return (self.name, tuple(inv_freq.tolist()), str(sorted(self.params.items())))
@@ -117,12 +121,7 @@ class Layer:
 def base_inv_freq(config, layer_type: str | None = None, device=None) -> torch.Tensor:
     """theta_i = b^(-2i/d) of plain RoPE for this config (rotary dim d), shape [d/2], float64 (shared: read only)."""
     setup = rope_setup(config, layer_type)
-    return _inv_freq64(setup.base, setup.dim, str(torch.device(device or "cpu")))
-
-
-@functools.lru_cache(maxsize=64)
-def _inv_freq64(base: float, dim: int, device: str) -> torch.Tensor:
-    return inv_freq_for_base(base, dim, device, dtype=torch.float64)
+    return inv_freq64(setup.base, setup.dim, str(torch.device(device or "cpu")))
 
 
 def underneath(config, params: dict, layer_type: str | None, device) -> tuple[torch.Tensor, float]:
@@ -143,7 +142,9 @@ def underneath(config, params: dict, layer_type: str | None, device) -> tuple[to
     return inv_freq.double(), float(factor)
 
 
-_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> Layer
+# the attribute of an attention module that keeps its Layer: on the module itself (not in a table of modules, whose
+# size torch.compile would guard on, recompiling whenever some other model is freed)
+KEPT = "_hf_rope_ext_layer"
 
 
 def resolve(module) -> Layer | None:
@@ -156,9 +157,10 @@ def resolve(module) -> Layer | None:
     name = rope.get("rope_type", rope.get("type"))
     if not routes_through_attention(name, module.config):
         return None
-    layer = _LAYERS.get(module)
+    layer = module.__dict__.get(KEPT)
     if layer is None or layer.rope is not rope or layer.layer_type != layer_type or layer.snapshot != rope:
-        layer = _LAYERS[module] = build(name, rope, layer_type, module.config)
+        layer = build(name, rope, layer_type, module.config)
+        module.__dict__[KEPT] = layer
     return layer
 
 

@@ -31,18 +31,19 @@ def causal_distance(q_len: int, kv_len: int, device) -> torch.Tensor:
     return rows - torch.arange(kv_len, device=device)[None, :]
 
 
-def packed_documents(position_ids: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Tensor | None:
-    """[1, q] document index of each token of one packed row (positions restarting at 0), else None."""
+def packed_documents(position_ids: torch.Tensor | None, q_len: int, kv_len: int, simplify: bool = True):
+    """[1, q] document index of each token of one packed row (positions restarting at 0), else None (also when the
+    positions never drop, read from the device when ``simplify``; otherwise one document is that row's index)."""
     if position_ids is None or position_ids.shape[0] != 1 or q_len != kv_len or q_len < 2:
         return None
-    if bool((position_ids[:, 1:] >= position_ids[:, :-1]).all()):
+    if simplify and bool((position_ids[:, 1:] >= position_ids[:, :-1]).all()):
         return None
     return (position_ids == 0).long().cumsum(-1)
 
 
-def flash_allowed(mask, q_len: int, kv_len: int, window: int | None, position_ids, device) -> torch.Tensor | None:
+def flash_allowed(mask, q_len: int, kv_len: int, window: int | None, position_ids, device, simplify: bool = True):
     """flash's inputs -> None (plain causal) or [B or 1, 1, q, kv] bool: causal, its padding, window, documents."""
-    documents = packed_documents(position_ids, q_len, kv_len) if mask is None else None
+    documents = packed_documents(position_ids, q_len, kv_len, simplify) if mask is None else None
     windowed = window is not None and kv_len > window
     if mask is None and documents is None and not windowed:
         return None
@@ -117,15 +118,17 @@ def only_causal(mask: torch.Tensor) -> bool:
     return True
 
 
-def engine_mask(implementation: str, mask, q_len: int, kv_len: int, kwargs: dict, device):
-    """The mask ``implementation`` handed over, as the engines take it (see the module docstring)."""
+def engine_mask(implementation: str, mask, q_len: int, kv_len: int, kwargs: dict, device, simplify: bool = True):
+    """The mask ``implementation`` handed over, as the engines take it (see the module docstring). ``simplify``:
+    a mask read back from the device and found only causal is handed on as None (not while torch.compile traces)."""
     if implementation in FLASH:
-        allowed = flash_allowed(mask, q_len, kv_len, kwargs.get("sliding_window"), kwargs.get("position_ids"), device)
+        window, positions = kwargs.get("sliding_window"), kwargs.get("position_ids")
+        allowed = flash_allowed(mask, q_len, kv_len, window, positions, device, simplify)
     elif implementation == FLEX and mask is not None and not isinstance(mask, torch.Tensor):
         allowed = block_mask_allowed(mask)
     else:
         return mask
-    return None if allowed is None or only_causal(allowed) else allowed
+    return None if allowed is None or (simplify and only_causal(allowed)) else allowed
 
 
 def causal_on_cache(mask, q_len: int, kv_len: int):

@@ -10,7 +10,8 @@ The precision rule, one for every caller: angles position * theta_i are formed i
 no float64), cos/sin of each pair's angle (times the caller's scale, still in float64) are cast to float32, and the
 rotation's products are formed in float32 and cast back to the tensor's dtype. Without autograd the rotation writes
 two multiplies and two fused multiply-adds into one buffer, with no temporaries of the tensor's size; long tensors
-are rotated ROWS rows at a time. Dims past the rotary dim r pass through (partial rotary).
+are rotated ROWS rows at a time (not while torch.compile traces: it fuses the plain form itself). Dims past the
+rotary dim r pass through (partial rotary).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = HA
     pass through."""
     h = cos.shape[-1]
     x1, x2 = (part.float() for part in pairs(x, h, layout))
-    if torch.is_grad_enabled() and x.requires_grad:
+    if (torch.is_grad_enabled() and x.requires_grad) or torch.compiler.is_compiling():
         turned = joined(x1 * cos - x2 * sin, x2 * cos + x1 * sin, layout).to(x.dtype)
     else:  # written in place into one buffer: no temporaries of x's size
         shape = torch.broadcast_shapes(x1.shape, cos.shape)[:-1]
@@ -79,7 +80,7 @@ def by_rows(function, x: torch.Tensor, *per_row: tuple[torch.Tensor, int]) -> to
     cut into pieces of ROWS rows written into one output (row-wise functions only), so float32 temporaries stay a
     few pieces large."""
     rows = x.shape[2]
-    if rows <= ROWS or (torch.is_grad_enabled() and x.requires_grad):
+    if rows <= ROWS or (torch.is_grad_enabled() and x.requires_grad) or torch.compiler.is_compiling():
         return function(x, *(t for t, _ in per_row))
     out = x.new_empty(x.shape)
     for i in range(0, rows, ROWS):

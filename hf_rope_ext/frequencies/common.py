@@ -7,6 +7,7 @@ reads their table) import without it.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -50,6 +51,15 @@ def inv_freq_for_base(base: float, dim: int, device=None, dtype=None) -> torch.T
 
     with torch.autocast(device_type="cpu", enabled=False):
         return 1.0 / (base ** exponents(dim, device, dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def inv_freq64(base: float, dim: int, device: str) -> torch.Tensor:
+    """theta_i [d/2] float64 on ``device`` (a name), one tensor per (base, dim, device): shared, read only (the
+    attention engine tells frequency sets apart by identity)."""
+    import torch
+
+    return inv_freq_for_base(base, dim, device, dtype=torch.float64)
 
 
 def correction_dim(rotations: float, dim: int, base: float, length: int) -> float:

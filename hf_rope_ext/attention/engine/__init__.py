@@ -3,8 +3,12 @@
 - ``call``: what one call is (tensors, query and key positions, chunk masks);
 - ``reference``: explicit scores per band and query chunk, readable (``eager``; the tests' oracle);
 - ``fast``: standard attention pieces returning their log-sum-exp, merged by it (``sdpa``): ``single_band``,
-  ``two_band`` (prefill), ``decode``, ``masked``, ``chunk_bands``; pieces (``piece``) run on the device's kernel
-  (``kernels``, ``flex`` for CUDA) and are merged by ``lse``;
+  ``two_band`` (prefill), ``masked``, ``chunk_bands``, and the decode steps ``decode`` (two bands),
+  ``single_band_decode`` and ``chunk_decode``, whose few rotations ``step_turns`` does in as few operations as
+  possible, with nothing read back from the device; pieces (``piece``) run on the device's kernel (``kernels``,
+  ``flex`` for CUDA) and are merged by ``lse``;
+- while torch.compile traces a call (``attention.function.attend_traced``), ``reference`` alone, with masks built
+  from positions on the device;
 - ``decay_and_value_turns``: xPos's decay and RoPER's values as both engines apply them; ``rotated_cache``: rotated
   rows remembered across decode steps. Rotations (float64 angles, either layout) are ``attention.rotation``'s.
 """

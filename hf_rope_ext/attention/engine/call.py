@@ -26,7 +26,7 @@ class Call:
     key: torch.Tensor  # [B, Hkv, kv, d], unrotated
     value: torch.Tensor  # [B, Hkv, kv, dv]
     q_pos: torch.Tensor  # [B, q] int64
-    k_pos: torch.Tensor  # [B, kv] int64
+    key_mask: torch.Tensor | None  # the mask the key positions are read from (``key_positions``)
     inv_freq: torch.Tensor  # [r/2] float64, plain RoPE theta_i of the rotary dims r
     params: dict  # this layer's rope_parameters (defaults filled in)
     form: AttentionForm  # the method's declaration
@@ -36,7 +36,18 @@ class Call:
     state: dict = field(default_factory=dict)  # what one engine computed once for all chunks
     constants: dict = field(default_factory=dict)  # values of the layer alone, kept with it across calls
 
-    def constant(self, name: str, compute):
+    @property
+    def k_pos(self) -> torch.Tensor:
+        """[B, kv] int64: the keys' positions, formed on first use (a decode step on remembered rows needs none)."""
+        if "k_pos" not in self.state:  # kept in ``state``, not by functools.cached_property: torch.compile traces this
+            self.state["k_pos"] = key_positions(self.q_pos, self.key_mask, self.key.shape[2])
+        return self.state["k_pos"]
+
+    def key_positions(self) -> torch.Tensor:
+        """``k_pos`` as a function (what ``rotated_cache`` takes: it asks only where it needs them)."""
+        return self.k_pos
+
+    def constant(self, name, compute):
         """``compute()`` on the layer's first call on this device; the kept value afterwards."""
         key = (name, self.query.device)
         if key not in self.constants:
@@ -55,7 +66,7 @@ def query_positions(position_ids: torch.Tensor | None, batch: int, q_len: int) -
         raise ValueError(
             f"position_ids of shape {tuple(position_ids.shape)} do not fit {q_len} queries: expected [batch, {q_len}]"
         )
-    return position_ids.expand(batch, q_len).long()
+    return (position_ids if position_ids.shape[0] == batch else position_ids.expand(batch, q_len)).long()
 
 
 def visible_keys(mask: torch.Tensor | None, batch: int, kv_len: int, device) -> torch.Tensor:

@@ -54,7 +54,7 @@ def chunk_keys(call: Call, old_rows: int) -> torch.Tensor:
     def turn(x, positions):
         return rotate(x, band.key_position(positions, call.params), call.inv_freq)
 
-    return rotated_cache.rotated(call.memory, "chunk_key", call.tag, call.key, call.k_pos, old_rows, turn)
+    return rotated_cache.rotated(call.memory, "chunk_key", call.tag, call.key, call.key_positions, old_rows, turn)
 
 
 def band_query(call: Call, band: int, rows: slice) -> torch.Tensor:

@@ -14,12 +14,11 @@ RoPER (``form.values``): values rotated by their position n with their own frequ
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
-from ...frequencies.common import inv_freq_for_base
+from ...frequencies.common import inv_freq64
 from ..rotation import rotate
 from .call import Call
 
@@ -42,14 +41,16 @@ def log_zeta(call: Call) -> torch.Tensor:
 
 def decay_rows(call: Call) -> int:
     """Rows per chunk such that zeta_0^(-(rows - 1)/scale) stays within the exponent bound."""
-    steepest = -float(log_zeta(call)[0])
-    scale = call.form.decay.scale(call.params)
-    return max(1, int(exponent_bound(call.query.dtype) * scale / steepest))
+    decay = call.form.decay
+    steepest = decay.steepest(call.params) if decay.steepest is not None else -float(log_zeta(call)[0])
+    return max(1, int(exponent_bound(call.query.dtype) * decay.scale(call.params) / steepest))
 
 
 def segments(call: Call) -> list[tuple[int, int]]:
-    """Query row ranges over which every batch row's positions never decrease (xPos chunks stay inside one)."""
-    if call.form.decay is None or call.q_pos.shape[1] == 1:
+    """Query row ranges over which every batch row's positions never decrease (xPos chunks stay inside one). While
+    torch.compile traces, one range (positions are not read back): a chunk whose positions then lie too far apart
+    for one reference is refused on the device (``query_log_scale``)."""
+    if call.form.decay is None or call.q_pos.shape[1] == 1 or torch.compiler.is_compiling():
         return [(0, call.query.shape[2])]
     drops = (call.q_pos[:, 1:] < call.q_pos[:, :-1]).any(0).nonzero().flatten().tolist()
     starts = [0] + [i + 1 for i in drops]
@@ -59,7 +60,11 @@ def segments(call: Call) -> list[tuple[int, int]]:
 def query_log_scale(call: Call, m: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """log of the query factor zeta^((m - r)/s): [B, 1, c, r/2] float64, clamped to the exponent bound."""
     q_log = ((m - ref).double() / call.form.decay.scale(call.params))[:, None, :, None] * log_zeta(call)
-    return q_log.clamp(max=exponent_bound(call.query.dtype))
+    bound = exponent_bound(call.query.dtype)
+    if torch.compiler.is_compiling() and m.shape[-1] > 1:  # no segments there: a drop in position is an error
+        message = "xPos under torch.compile: the positions of one call drop inside a chunk (packed sequences)"
+        torch._assert_async((q_log <= bound).all(), message + "; run it without torch.compile")
+    return q_log.clamp(max=bound)
 
 
 def key_log_scale(call: Call, n: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -72,14 +77,9 @@ def value_inv_freq(call: Call) -> torch.Tensor:
 
     def compute():
         dims = call.form.values.dims(call.params, 2 * call.inv_freq.shape[-1], call.value.shape[-1])
-        return _inv_freq64(float(call.params["rope_theta"]), dims, str(call.value.device))
+        return inv_freq64(float(call.params["rope_theta"]), dims, str(call.value.device))
 
     return call.constant("value_inv_freq", compute)
-
-
-@functools.lru_cache(maxsize=64)
-def _inv_freq64(base: float, dim: int, device: str) -> torch.Tensor:
-    return inv_freq_for_base(base, dim, device, torch.float64)
 
 
 def turn_output_back(call: Call, out: torch.Tensor, rows: slice) -> torch.Tensor:

@@ -7,7 +7,9 @@ beyond the window and keys [kv - w, kv) inside it (regular positions):
 - far piece: R(f(m)) q against R(g(n)) k, of which each step rotates only the new one (ReRoPE: the cached keys
   themselves, no copy).
 Each piece is one grouped-query kernel call; the two read the cache once between them, as plain decoding does.
-The angles of a step (m and f(m) for the query, m and g(m) for the new key) are formed once, in one pass.
+The angles of a step (m and f(m) for the query, m and g(m) for the new key) are formed once, in one pass, and each
+of the query and the new key is turned by all of them at once (``step_turns``): on a cache layer's remembered rows a
+step reads nothing back from the device and dispatches a few dozen operations.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from __future__ import annotations
 import torch
 
 from ..methods.form import origin
-from ..rotation import cos_sin, turn
 from .call import Call
 from .kernels import attend_piece
 from .piece import Piece, needs_grad
+from .step_turns import partner_index, per_step, signed_freq, step_cos_sin, turn_step
 from .two_band import far_keys, near_keys
 
 
@@ -28,37 +30,41 @@ def decoding(call: Call) -> bool:
     return q_len == 1 and kv > int(call.params["window"]) and not needs_grad(call.query, call.key, call.value)
 
 
-def step_angles(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [P, B, 1, 1, r/2] at positions m, f(m) (the query's) and, unless the far keys stay unrotated, m, g(m)
-    (the new key's): one leading row per position, so that each turned row is a contiguous [B, heads, 1, d]."""
-    m, far = call.q_pos, call.form.far  # m [B, 1]
+def step_positions(call: Call) -> list[torch.Tensor]:
+    """[B, 1] positions of a step: m and f(m) (the query's in each band) and, unless the far keys stay unrotated,
+    g(m) (the new key's far position)."""
+    m, far = call.q_pos, call.form.far
     positions = [m, far.query_position(m, call.params)]
-    if far.key_position is not origin:
-        positions += [m, far.key_position(m, call.params)]
-    cos, sin = cos_sin(torch.cat(positions, dim=1)[:, None], call.inv_freq)  # [B, 1, P, r/2]; cat: the widest dtype
-    return cos.permute(2, 0, 1, 3)[:, :, :, None], sin.permute(2, 0, 1, 3)[:, :, :, None]
+    return positions if far.key_position is origin else [*positions, far.key_position(m, call.params)]
+
+
+def grouped(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """One query [B, H, 1, d] as [B, Hkv, H / Hkv, d]: the query heads of each kv head as rows of one problem."""
+    b, h, _, d = query.shape
+    return query.view(b, kv_heads, h // kv_heads, d)
 
 
 def merge_two(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The softmax over both pieces' keys, neither empty: a's weight is sigmoid(l_a - l_b); [B, H, 1, dv]."""
+    """The softmax over both pieces' keys, neither empty: a's weight is sigmoid(l_a - l_b); [B, Hkv, g, dv]. The
+    weight in the outputs' dtype: lerp forms o_b + w (o_a - o_b) in float32 whatever its operands' dtype, so half
+    precision loses only the weight's rounding (at most its last bit), as the outputs already lost theirs."""
     (o1, l1), (o2, l2) = a, b
-    weight = torch.sigmoid(l1 - l2)[..., None]  # [B, H, 1, 1] float32
-    return torch.lerp(o2.float(), o1.float(), weight).to(o1.dtype)
+    weight = torch.sigmoid(l1 - l2)[..., None]  # [B, Hkv, g, 1] float32
+    return torch.lerp(o2, o1, weight.to(o1.dtype))
 
 
 def two_band_decode(call: Call, scale: float) -> torch.Tensor:
     """Both bands of one query, [B, H, 1, dv] (module docstring)."""
-    kv = call.key.shape[2]
+    b, h, _, d = call.query.shape
+    kv, kv_heads = call.key.shape[2], call.key.shape[1]
     reach = kv - int(call.params["window"])  # keys [reach, kv) are in the window
-    cos, sin = step_angles(call)
-    q_near, q_far = turn(call.query.expand(2, -1, -1, -1, -1), cos[:2], sin[:2])  # R(m) q, R(f(m)) q
-    new = call.key[:, :, -1:]  # [B, Hkv, 1, d], at position m
-    if cos.shape[0] > 2:  # R(m) k and R(g(m)) k of the new key
-        near_last, far_last = turn(new.expand(2, -1, -1, -1, -1), cos[2:], sin[2:])
-    else:
-        near_last, far_last = turn(new, cos[0], sin[0]), None
-    near_k = near_keys(call, reach, near_last)
-    far_k = far_keys(call, kv - 1, far_last)[:, :, :reach]
-    near = attend_piece(q_near, near_k, call.value[:, :, reach:], Piece(), scale)
-    far = attend_piece(q_far, far_k, call.value[:, :, :reach], Piece(), scale)
-    return merge_two(near, far)
+    freq = signed_freq(call, call.inv_freq, "key", d)
+    cos, sin = per_step(call, ("two_band", d), lambda: step_cos_sin(torch.stack(step_positions(call)), freq))
+    partner = partner_index(call, call.inv_freq.shape[-1], d)  # cos, sin [P, B, 1, 1, d]
+    q_near, q_far, *_ = turn_step(grouped(call.query, kv_heads), cos, sin, partner).unbind(0)  # R(m) q, R(f(m)) q
+    new = turn_step(call.key.narrow(2, kv - 1, 1), cos, sin, partner).unbind(0)  # R(m) k, R(f(m)) k, R(g(m)) k
+    near_k = near_keys(call, reach, new[0])
+    far_k = far_keys(call, kv - 1, new[-1] if cos.shape[0] > 2 else None, stop=reach)
+    near = attend_piece(q_near, near_k, call.value.narrow(2, reach, kv - reach), Piece(), scale)
+    far = attend_piece(q_far, far_k, call.value.narrow(2, 0, reach), Piece(), scale)
+    return merge_two(near, far).view(b, h, 1, -1)

@@ -19,10 +19,12 @@ import torch
 from ..methods.form import AttentionForm, Band
 from .call import Call
 from .chunk_bands import chunked, positions_if_chunked
+from .chunk_decode import chunk_decode
 from .decode import decoding, two_band_decode
 from .kernels import kernel_for
 from .masked import two_band_masked
 from .single_band import rotated_keys, single_band
+from .single_band_decode import decode_step
 from .two_band import two_band_regular
 
 
@@ -56,7 +58,10 @@ def run(call: Call, module, mask, causal: bool, scale: float, dropout: float, tr
     if kind is None or kernel_for(call.query.device) is None or (training and dropout > 0):
         return None
     if kind == "single":
-        return single_band(call, mask, causal, scale)
+        one_step = call.query.shape[2] == 1 and mask is None and causal
+        return decode_step(call, scale) if one_step else single_band(call, mask, causal, scale)
+    if kind == "chunks" and call.query.shape[2] == 1 and mask is None and causal:
+        return chunk_decode(call, scale)
     if kind == "chunks":
         positions = positions_if_chunked(call) if mask is None and causal else None
         return None if positions is None else chunked(call, *positions, scale)

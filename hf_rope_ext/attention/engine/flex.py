@@ -70,15 +70,15 @@ def tensor_block_mask(mask: torch.Tensor, batch: int) -> BlockMask:
     )
 
 
-def full_block_lists(row_blocks: int, column_blocks: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+def full_block_lists(row_blocks: int, column_blocks: int, device: torch.device, batch: int = 1):
     """The lists of a block mask listing every key block of every query block as full and none as partial: (partial
-    counts [1, 1, nq] int32 of 0, partial indices [1, 1, nq, nk], full counts [1, 1, nq] of nk, full indices 0..nk-1
-    in each row). Made outside inference mode, so that a later backward may save kept ones. No two of the four are
-    one tensor: dynamo guards compiled flex's inputs against aliasing, and torch 2.9.0 raised a TypeError reporting
-    that guard's failure."""
+    counts [batch, 1, nq] int32 of 0, partial indices [batch, 1, nq, nk], full counts [batch, 1, nq] of nk, full
+    indices 0..nk-1 in each row). Made outside inference mode, so that a later backward may save kept ones. No two of
+    the four are one tensor: dynamo guards compiled flex's inputs against aliasing, and torch 2.9.0 raised a TypeError
+    reporting that guard's failure."""
     with torch.inference_mode(False):
-        indices = torch.arange(column_blocks, dtype=torch.int32, device=device).repeat(1, 1, row_blocks, 1)
-        counts = torch.zeros(1, 1, row_blocks, dtype=torch.int32, device=device)
+        indices = torch.arange(column_blocks, dtype=torch.int32, device=device).repeat(batch, 1, row_blocks, 1)
+        counts = torch.zeros(batch, 1, row_blocks, dtype=torch.int32, device=device)
         return counts, indices.clone(), counts + column_blocks, indices
 
 
@@ -88,18 +88,33 @@ def full_block_lists(row_blocks: int, column_blocks: int, device: torch.device) 
 kept_full_block_lists = functools.lru_cache(maxsize=64)(full_block_lists)
 
 
+def every_block_lists(rows: int, columns: int, device, batch: int = 1) -> tuple[torch.Tensor, ...]:
+    """``full_block_lists`` of a rows x columns piece (one row block's kept, ``kept_full_block_lists``)."""
+    return (kept_full_block_lists if rows <= BLOCK else full_block_lists)(
+        -(-rows // BLOCK), -(-columns // BLOCK), torch.device(device), batch
+    )
+
+
+def rule_block_mask(piece: Piece, batch: int, rows: int, columns: int, device, backward: bool) -> BlockMask:
+    """A piece with a rule: every key block listed as partly seen, the rule deciding inside (lists per batch row:
+    the rule depends on it)."""
+    *_, counts, indices = every_block_lists(rows, columns, device, batch)
+    options = dict(BLOCK_SIZE=BLOCK, mask_mod=piece.rule.mask_mod, seq_lengths=(rows, columns))
+    return BlockMask.from_kv_blocks(counts, indices, **options, compute_q_blocks=backward)
+
+
 def piece_block_mask(piece: Piece, batch: int, rows: int, columns: int, device, backward: bool = False) -> BlockMask:
     """The block mask of a piece, also of one that sees every key (every block listed as full): given no block
     mask, compiled flex builds its own inside the graph, and its kernel took 22x longer on a decode step's single
     query row than with a block mask given to it (1.05 ms against 47 us after 32k keys on an H200). The lists by
     key block that only the backward reads are built for ``backward`` only: transposing the lists took 58 of a
     decode step's 103 operations of building the mask."""
+    if piece.rule is not None:
+        return rule_block_mask(piece, batch, rows, columns, device, backward)
     if piece.mask is not None:
         return tensor_block_mask(piece.mask, batch)
     if not piece.cuts(rows, columns):  # every block full, mask_mod never called
-        lists = (kept_full_block_lists if rows <= BLOCK else full_block_lists)(
-            -(-rows // BLOCK), -(-columns // BLOCK), torch.device(device)
-        )
+        lists = every_block_lists(rows, columns, device)
         return BlockMask.from_kv_blocks(
             *lists, BLOCK_SIZE=BLOCK, seq_lengths=(rows, columns), compute_q_blocks=backward
         )

@@ -70,7 +70,7 @@ class FlashLse(torch.autograd.Function):
 def cpu_flash(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The CPU kernel: the piece's key range as torch's causal flag, a small additive mask, or nothing."""
     c, kv = q.shape[2], k.shape[2]
-    causal, mask = piece.top_left_causal(), piece.mask
+    causal, mask = piece.top_left_causal(), piece.dense_mask()
     if mask is None and not causal and piece.cuts(c, kv):
         allowed = piece.allowed(c, kv, q.device)
         mask = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))

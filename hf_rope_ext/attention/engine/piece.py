@@ -4,21 +4,39 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+
+
+class Rule(Protocol):
+    """Which columns each row of a piece sees, as a function of indices on the device (Dual Chunk Attention's bands
+    while decoding: ``chunk_decode``), in the two forms the kernels take."""
+
+    def mask_mod(self, b: torch.Tensor, h: torch.Tensor, row: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
+        """flex_attention's form: whether row ``row`` of batch row ``b`` sees column ``column`` (bool)."""
+
+    def additive(self) -> torch.Tensor:
+        """The dense form: [B, 1, c, kv] in the query dtype, 0 where seen, its minimum where not."""
 
 
 @dataclass(frozen=True)
 class Piece:
     """Which keys each query row of one call sees. Row a (0..c-1) stands at index ``row0 + a`` of the key
     sequence, column j at ``column0 + j``: the row sees the column when low <= (row0 + a) - (column0 + j) < high
-    and, if given, the additive ``mask`` [B, 1, c, kv] (0 allowed, a large negative number not) lets it through."""
+    and, if given, the additive ``mask`` [B, 1, c, kv] (0 allowed, a large negative number not) or the ``rule``
+    lets it through."""
 
     row0: int = 0
     column0: int = 0
     low: float = -math.inf
     high: float = math.inf
     mask: torch.Tensor | None = None
+    rule: Rule | None = None
+
+    def dense_mask(self) -> torch.Tensor | None:
+        """The additive mask [B, 1, c, kv] of ``mask`` or ``rule`` (None: neither)."""
+        return self.rule.additive() if self.rule is not None else self.mask
 
     def distances(self, rows: int, columns: int) -> tuple[int, int]:
         """(smallest, largest) row index - column index over the piece."""
@@ -31,7 +49,8 @@ class Piece:
 
     def top_left_causal(self) -> bool:
         """Row a sees columns j <= a: torch's ``is_causal`` on a square aligned at its top left."""
-        return self.row0 == self.column0 and self.low == 0 and self.high == math.inf and self.mask is None
+        plain = self.mask is None and self.rule is None
+        return self.row0 == self.column0 and self.low == 0 and self.high == math.inf and plain
 
     def allowed(self, rows: int, columns: int, device) -> torch.Tensor:
         """[rows, columns] bool of the key range (the mask aside)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from ..methods.form import Band
+from ..methods.form import Band, origin
 from ..rotation import rotate
 from .call import Call, chunk_mask
 from .decay_and_value_turns import (
@@ -24,7 +24,6 @@ from .decay_and_value_turns import (
     turn_output_back,
     value_inv_freq,
 )
-from .piece import expand_heads
 
 SCORE_BUDGET = 2**26  # score elements per band and query chunk (256 MiB in float32), whatever the input length
 
@@ -45,16 +44,25 @@ def positions(position_fn, p: torch.Tensor, params: dict) -> torch.Tensor:
 
 
 def band_keys(call: Call) -> list[torch.Tensor]:
-    """Each band's keys [B, H, kv, d], rotated by its key positions (rotated once per call, shared by chunks)."""
+    """Each band's keys [B, Hkv, kv, d], rotated by its key positions (rotated once per call, shared by chunks; at
+    ``origin``, as cached)."""
     if "keys" not in call.state:
-        key, done = expand_heads(call.key, call.query.shape[1]), {}
+        done = {origin: call.key}
         for band in call.form.bands:  # bands sharing a key position (Dual Chunk Attention's) share the rotation
             if band.key_position not in done:
-                done[band.key_position] = rotate(
-                    key, positions(band.key_position, call.k_pos, call.params), call.inv_freq
-                )
+                at = positions(band.key_position, call.k_pos, call.params)
+                done[band.key_position] = rotate(call.key, at, call.inv_freq)
         call.state["keys"] = [done[band.key_position] for band in call.form.bands]
     return call.state["keys"]
+
+
+def grouped_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [B, H, c, n] @ b [B, Hkv, n, e] -> [B, H, c, e], query head h reading kv head h // (H / Hkv) (as
+    transformers' repeat_kv), the heads of a kv head taken as rows of one product: no copy of b per head."""
+    batch, heads, c, n = a.shape
+    kv_heads = b.shape[1]
+    rows = a.reshape(batch, kv_heads, heads // kv_heads * c, n)
+    return (rows @ b).view(batch, heads, c, b.shape[-1])
 
 
 def band_scores(call: Call, index: int, rows: slice) -> torch.Tensor:
@@ -66,7 +74,7 @@ def band_scores(call: Call, index: int, rows: slice) -> torch.Tensor:
         ref = m.max(dim=-1, keepdim=True).values  # [B, 1]
         q = scale_pairs(q, query_log_scale(call, m, ref))
         k = scale_pairs(k, key_log_scale(call, call.k_pos, ref))
-    return q @ k.transpose(-1, -2)
+    return grouped_product(q, k.transpose(-1, -2))
 
 
 def scale_pairs(x: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
@@ -84,23 +92,29 @@ def chunk_scores(call: Call, rows: slice) -> torch.Tensor:
         inside = in_band(call.form.bands[index], call, rows)
         if inside is None:
             scores = band_scores(call, index, rows)
-        elif bool(inside.any()):  # a band no pair of the chunk reaches is not scored
+        elif torch.compiler.is_compiling() or bool(inside.any()):  # a band no pair reaches is not scored (eager)
             scores = torch.where(inside, band_scores(call, index, rows), scores)
     return scores
 
 
 def values(call: Call) -> torch.Tensor:
-    """Values [B, H, kv, dv], RoPER's rotated by their positions."""
-    value = expand_heads(call.value, call.query.shape[1])
+    """Values [B, Hkv, kv, dv], RoPER's rotated by their positions."""
+    value = call.value
     return value if call.form.values is None else rotate(value, call.k_pos, value_inv_freq(call))
 
 
 def chunks(call: Call) -> list[slice]:
-    """Query row slices: within the segments, at most SCORE_BUDGET scores per band, xPos's row limit."""
-    b, h, _, _ = call.query.shape
+    """Query row slices: within the segments, at most SCORE_BUDGET scores per band, xPos's row limit. Every row in
+    one slice where they fit: what torch.compile then assumes of symbolic lengths is a bound, not a value."""
+    b, h, q_len, _ = call.query.shape
+    if q_len == 1:
+        return [slice(0, 1)]
     size = max(1, SCORE_BUDGET // (b * h * call.key.shape[2] * len(call.form.bands)))
     size = min(size, decay_rows(call)) if call.form.decay is not None else size
-    return [slice(i, min(i + size, stop)) for start, stop in segments(call) for i in range(start, stop, size)]
+    spans = segments(call)
+    if len(spans) == 1 and q_len <= size:
+        return [slice(0, q_len)]
+    return [slice(i, min(i + size, stop)) for start, stop in spans for i in range(start, stop, size)]
 
 
 def additive(mask: torch.Tensor | None, dtype) -> torch.Tensor | None:
@@ -118,7 +132,7 @@ def softmax_output(scores, value, mask, scale: float, dropout: float, training: 
     if mask is not None:
         scores = scores + additive(mask, scores.dtype)
     weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    return F.dropout(weights, p=dropout, training=training) @ value
+    return grouped_product(F.dropout(weights, p=dropout, training=training), value)
 
 
 def run(call: Call, mask, causal: bool, scale: float, dropout=0.0, training=False, softcap=None) -> torch.Tensor:

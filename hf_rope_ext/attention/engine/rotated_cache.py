@@ -15,8 +15,11 @@ room to grow (a step writes only its new rows). Where they are kept decides how 
   bit for bit (read as 8-byte words, a small fraction of rotating them again). Exact whatever the cache does, at
   the price of that read.
 
-Either way a prefix is reused only under the same rotation tag (frequencies, parameters, reference) and the same key
-positions. Nothing here reads tensor version counters, so it runs the same under ``torch.inference_mode``.
+Either way a prefix is reused only under the same rotation tag (frequencies, parameters, reference). Beside other
+caches it must also have been rotated at the same key positions (compared); a cache layer's own rows are taken to
+stand where they stood (the engine's rule, ``call``: cached keys keep consecutive positions up to the newest query),
+so a decode step on them reads nothing back from the device: it rotates its new row and writes it into the buffer.
+Nothing here reads tensor version counters, so it runs the same under ``torch.inference_mode``.
 """
 
 from __future__ import annotations
@@ -34,16 +37,16 @@ class Entry:
     base: int  # key row held in buffer row 0
     end: int  # key rows [base, end) are valid
     source: torch.Tensor | None  # [B, Hkv, capacity, d]: a copy of the unrotated rows (None: trusted, not needed)
-    positions: torch.Tensor  # [B, capacity] int64
+    positions: torch.Tensor | None  # [B, capacity] int64 (None: trusted, not needed)
     rotated: torch.Tensor  # [B, Hkv, capacity, d]: the rotated rows
 
     def select(self, index: torch.Tensor) -> None:
         """Keep batch rows ``index`` (beam search's reorder), in the order given."""
-        index = index.to(self.positions.device)
-        self.positions = self.positions.index_select(0, index)
+        index = index.to(self.rotated.device)
         self.rotated = self.rotated.index_select(0, index)
         if self.source is not None:
             self.source = self.source.index_select(0, index)
+            self.positions = self.positions.index_select(0, index)
 
 
 @dataclass
@@ -108,18 +111,19 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 def reusable_end(entry: Entry | None, tag: tuple, source, positions, rows: range, trusted: bool) -> int:
     """The end of the key rows from ``rows.start`` on (at most ``rows.stop``) that ``entry`` holds exactly as
     rotating ``source`` would give them; ``rows.start`` when none. ``trusted``: the entry is kept valid by its
-    cache layer, only tag, positions and layout are checked; else its copy of the source rows is compared."""
+    cache layer, only tag and layout are checked (nothing read from the device); else the positions (``positions()``,
+    [B, kv]) and the entry's copy of the source rows are compared."""
     start = rows.start
     if entry is None or entry.tag != tag or not entry.base <= start < min(rows.stop, entry.end):
         return start
     end, held = min(rows.stop, entry.end), entry.rotated
-    if held.shape[:2] != source.shape[:2] or held.device != source.device:
-        return start
-    mine = slice(start - entry.base, end - entry.base)
-    if not torch.equal(entry.positions[:, mine], positions[:, start:end]):
+    if held.shape[:2] != source.shape[:2] or held.device != source.device or (entry.source is None) != trusted:
         return start
     if trusted:
         return end
+    mine = slice(start - entry.base, end - entry.base)
+    if not torch.equal(entry.positions[:, mine], positions()[:, start:end]):
+        return start
     same = entry.source.dtype == source.dtype and entry.source.shape[3] == source.shape[3]
     return end if same and same_bits(entry.source[:, :, mine], source[:, :, start:end]) else start
 
@@ -144,28 +148,28 @@ def fits(entry: Entry | None, source: torch.Tensor, fresh: torch.Tensor, start: 
 
 def room(entry: Entry | None, start: int, end: int, source, positions, fresh, copy: bool) -> Entry:
     """``entry`` when its buffers fit, else new buffers from row ``start`` with room for 1/8 more rows (at least
-    64) holding ``entry``'s valid rows [start, end): a full copy every few steps, not every step."""
+    64) holding ``entry``'s valid rows [start, end): a full copy every few steps, not every step. ``copy``: with
+    a copy of the source rows and their positions (``positions()``: [B, kv]), for comparing (untrusted)."""
     if fits(entry, source, fresh, start, copy):
         return entry
     b, h, kv, d = source.shape
     capacity = kv - start + max(64, (kv - start) // 8)
     turned = fresh.new_empty((b, h, capacity, fresh.shape[3]))
     held = source.new_empty((b, h, capacity, d)) if copy else None
-    grown = Entry((), start, start, held, positions.new_empty((b, capacity)), turned)
+    grown = Entry((), start, start, held, positions().new_empty((b, capacity)) if copy else None, turned)
     if end > start:
         old = slice(start - entry.base, end - entry.base)
-        kept = entry.source[:, :, old] if entry.source is not None else None
-        put(grown, start, end, kept, entry.positions[:, old], entry.rotated[:, :, old])
+        kept = (entry.source[:, :, old], entry.positions[:, old]) if copy else (None, None)
+        put(grown, start, end, *kept, entry.rotated[:, :, old])
     return grown
 
 
 def put(entry: Entry, start: int, end: int, source, positions, rotated) -> None:
-    """Write key rows [start, end): their positions, rotation and (when kept) unrotated copy."""
-    rows = slice(start - entry.base, end - entry.base)
-    entry.positions[:, rows] = positions
-    entry.rotated[:, :, rows] = rotated
+    """Write key rows [start, end): their rotation and (untrusted) their positions and unrotated copy."""
+    entry.rotated.narrow(2, start - entry.base, end - start).copy_(rotated)
     if entry.source is not None:
-        entry.source[:, :, rows] = source
+        entry.positions[:, start - entry.base : end - entry.base] = positions
+        entry.source[:, :, start - entry.base : end - entry.base] = source
 
 
 def rotated(
@@ -173,15 +177,17 @@ def rotated(
     purpose: str,
     tag: tuple,
     source: torch.Tensor,
-    positions: torch.Tensor,
+    positions: Callable[[], torch.Tensor],
     old_rows: int,
     rotate: Callable,
     start: int = 0,
     last: torch.Tensor | None = None,
+    stop: int | None = None,
 ) -> torch.Tensor:
-    """``rotate(source[:, :, start:], positions[:, start:])`` [B, Hkv, kv - start, d], reusing the rows that
-    ``memory`` holds from earlier calls where valid (``start`` > 0: a trailing window, as the near band while
-    decoding).
+    """``rotate(source[:, :, start:stop], positions()[:, start:stop])`` [B, Hkv, stop - start, d] (``stop``: kv
+    when None), reusing the rows that ``memory`` holds from earlier calls where valid (``start`` > 0: a trailing
+    window, as the near band while decoding; ``stop`` < kv: the rows read, all being remembered). ``positions`` gives
+    the key positions [B, kv] where they are needed (a decode step on a cache layer's rows does without them).
 
     ``old_rows``: rows of ``source`` that were already in the cache before this call (kv - q_len); only those can
     be reused, and the result is remembered only for calls that extend a cache (old_rows > 0) without autograd.
@@ -189,16 +195,17 @@ def rotated(
     step rotates its query by the same angles). The returned view is valid until the next call on the same memory.
     """
     if old_rows <= 0 or (torch.is_grad_enabled() and source.requires_grad):
-        return rotate(source[:, :, start:], positions[:, start:])
+        return rotate(source[:, :, start:stop], positions()[:, start:stop])
     entry = memory.entries.get(purpose)
     end = reusable_end(entry, tag, source, positions, range(start, old_rows), memory.trusted)
     kv = source.shape[2]
-    fresh = last if last is not None and end == kv - 1 else rotate(source[:, :, end:], positions[:, end:])
+    fresh = last if last is not None and end == kv - 1 else rotate(source[:, :, end:], positions()[:, end:])
     entry = room(entry, start, end, source, positions, fresh, not memory.trusted)
-    put(entry, end, kv, source[:, :, end:], positions[:, end:], fresh)
+    copied = (source[:, :, end:], positions()[:, end:]) if not memory.trusted else (None, None)
+    put(entry, end, kv, *copied, fresh)
     entry.tag, entry.end = tag, kv
     memory.entries[purpose] = entry
-    return entry.rotated[:, :, start - entry.base : kv - entry.base]
+    return entry.rotated.narrow(2, start - entry.base, (kv if stop is None else stop) - start)
 
 
 def forget(module) -> None:

@@ -1,6 +1,7 @@
 """The fast engine's one-band forms (xPos, RoPER, the dynamic frequency types): plain RoPE queries and keys (xPos scaled
 relative to a reference, ``decay_and_value_turns``), RoPER's rotated values, per chunk of query rows: one sdpa call when
-possible, else pieces merged by log-sum-exp. Keys and values rotated at earlier decode steps are reused.
+possible, else pieces merged by log-sum-exp. Keys and values rotated at earlier decode steps are reused (the decode
+step itself: ``single_band_decode``).
 
 With autograd every chunk goes through the device's piece kernel (``kernels``), never torch's sdpa: on an H200
 (torch 2.11, bfloat16, ``benchmarks/check_engines.py``'s backward case) the gradients through sdpa's CUDA call were
@@ -13,14 +14,12 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from ..rotation import cos_sin, rotate, turn
+from ..rotation import rotate
 from . import rotated_cache
 from .call import Call, chunk_mask
 from .decay_and_value_turns import (
     decay_rows,
-    exponent_bound,
     key_log_scale,
-    log_zeta,
     query_log_scale,
     segments,
     turn_output_back,
@@ -40,7 +39,7 @@ def rotated_keys(call: Call, old_rows: int, last: torch.Tensor | None = None) ->
     if "rotated_keys" not in call.state:
         by = lambda x, p: rotate(x, p, call.inv_freq)  # noqa: E731
         call.state["rotated_keys"] = rotated_cache.rotated(
-            call.memory, "key", call.tag, call.key, call.k_pos, old_rows, by, 0, last
+            call.memory, "key", call.tag, call.key, call.key_positions, old_rows, by, 0, last
         )
     return call.state["rotated_keys"]
 
@@ -51,7 +50,7 @@ def rotated_values(call: Call, old_rows: int, last: torch.Tensor | None = None) 
         return call.value
     inv_freq = value_inv_freq(call)
     by = lambda x, p: rotate(x, p, inv_freq)  # noqa: E731
-    return rotated_cache.rotated(call.memory, "value", call.tag, call.value, call.k_pos, old_rows, by, 0, last)
+    return rotated_cache.rotated(call.memory, "value", call.tag, call.value, call.key_positions, old_rows, by, 0, last)
 
 
 def decay_half(call: Call) -> int:
@@ -77,41 +76,7 @@ def decayed_query_keys(call: Call, rows: slice, old_rows: int):
             call.state[memo], call.state["xpos_last"] = scaled(call.key, call.k_pos), memo
         return q, call.state[memo]
     tag = ("xpos_key", call.tag, reference)
-    return q, rotated_cache.rotated(call.memory, "xpos_key", tag, call.key, call.k_pos, old_rows, scaled)
-
-
-def decode_step(call: Call, scale: float) -> torch.Tensor:
-    """One query after a cache, [B, H, 1, dv]: the angles of position m formed once for the query and the new key
-    (and RoPER's new value and the output's turn back, with the values' frequencies)."""
-    old_rows, m, new = call.key.shape[2] - 1, call.q_pos, call.key[:, :, -1:]  # m [B, 1], new [B, Hkv, 1, d]
-    cos, sin = cos_sin(m[:, None], call.inv_freq)  # [B, 1, 1, r/2]
-    if call.form.decay is None:
-        q, keys = turn(call.query, cos, sin), rotated_keys(call, old_rows, turn(new, cos, sin))
-    else:
-        q, keys = decayed_step(call, cos, sin, old_rows)
-    if call.form.values is None:
-        return attend_piece(q, keys, call.value, Piece(), scale)[0]
-    value_cos, value_sin = cos_sin(m[:, None], value_inv_freq(call))
-    values = rotated_values(call, old_rows, turn(call.value[:, :, -1:], value_cos, value_sin))
-    return turn(attend_piece(q, keys, values, Piece(), scale)[0], value_cos, -value_sin)
-
-
-def decayed_step(call: Call, cos, sin, old_rows: int):
-    """xPos's decode step: ``decayed_query_keys`` for one query, the query's and the new key's scales riding on
-    the angles of m."""
-    half, m = decay_half(call), call.q_pos
-    ref = (m // half + 1) * half  # [B, 1], above m: the new key's log factor is minus the query's (unclamped)
-    q_log = ((m - ref).double() / call.form.decay.scale(call.params))[:, None, :, None] * log_zeta(call)
-    q_scale = torch.exp(q_log.clamp(max=exponent_bound(call.query.dtype))).float()  # [B, 1, 1, r/2]
-    k_scale = torch.exp(-q_log).float()
-    q = turn(call.query, cos * q_scale, sin * q_scale)
-    last = turn(call.key[:, :, -1:], cos * k_scale, sin * k_scale)
-
-    def scaled(x, n):
-        return rotate(x, n, call.inv_freq, key_log_scale(call, n, ref))
-
-    tag = ("xpos_key", call.tag, tuple(ref.flatten().tolist()))
-    return q, rotated_cache.rotated(call.memory, "xpos_key", tag, call.key, call.k_pos, old_rows, scaled, 0, last)
+    return q, rotated_cache.rotated(call.memory, "xpos_key", tag, call.key, call.key_positions, old_rows, scaled)
 
 
 def query_keys(call: Call, rows: slice, old_rows: int):
@@ -144,8 +109,6 @@ def masked_piece(call: Call, q, k, values, mask, causal: bool, rows: slice, scal
 def single_band(call: Call, mask, causal: bool, scale: float) -> torch.Tensor:
     """Plain RoPE scores (xPos scaled), RoPER's values: [B, H, q, dv]."""
     q_len, kv = call.query.shape[2], call.key.shape[2]
-    if q_len == 1 and mask is None and causal:
-        return decode_step(call, scale)
     grad = needs_grad(call.query, call.key, call.value)  # pieces only (see the module's docstring)
     offset, out = kv - q_len, Rows(call.query, call.value.shape[-1], grad)
     values, chunk_list = rotated_values(call, offset), chunks(call)

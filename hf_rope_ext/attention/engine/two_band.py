@@ -39,20 +39,21 @@ def near_keys(call: Call, reach: int, last: torch.Tensor | None = None) -> torch
     turn = lambda x, p: rotate(x, p, call.inv_freq)  # noqa: E731
     offset = call.key.shape[2] - 1
     memory = call.memory
-    return rotated_cache.rotated(memory, "near_key", call.tag, call.key, call.k_pos, offset, turn, reach, last)
+    return rotated_cache.rotated(memory, "near_key", call.tag, call.key, call.key_positions, offset, turn, reach, last)
 
 
-def far_keys(call: Call, old_rows: int, last: torch.Tensor | None = None) -> torch.Tensor:
-    """Keys [B, Hkv, kv, d] rotated by g(n), remembered across decode steps (ReRoPE's ``origin``: the keys as
-    cached, no copy)."""
+def far_keys(call: Call, old_rows: int, last: torch.Tensor | None = None, stop: int | None = None) -> torch.Tensor:
+    """Keys [B, Hkv, kv, d] (``stop``: the first ``stop`` of them) rotated by g(n), remembered across decode steps
+    (ReRoPE's ``origin``: the keys as cached, no copy)."""
     far = call.form.far
     if far.key_position is origin:
-        return call.key
+        return call.key if stop is None else call.key.narrow(2, 0, stop)
 
     def turn(x, positions):
         return rotate(x, far.key_position(positions, call.params), call.inv_freq)
 
-    return rotated_cache.rotated(call.memory, "far_key", call.tag, call.key, call.k_pos, old_rows, turn, 0, last)
+    keys = call.key_positions
+    return rotated_cache.rotated(call.memory, "far_key", call.tag, call.key, keys, old_rows, turn, 0, last, stop)
 
 
 def far_queries(call: Call, rows: slice) -> torch.Tensor:

@@ -45,10 +45,13 @@ class Band:
 @dataclass(frozen=True)
 class Decay:
     """Each rotary pair i's score term times zeta_i^(d / scale): ``log_zeta(2i/d [d/2] float64, params)`` gives
-    log zeta_i (all < 0), ``scale(params)`` the positions per decay step."""
+    log zeta_i (all < 0), ``scale(params)`` the positions per decay step, ``steepest(params)`` the largest decay
+    -log zeta_i as a number (the engines size their chunks by it; without it they read log_zeta's first value back
+    from the device, which torch.compile cannot trace)."""
 
     log_zeta: Callable[[Tensor, dict], Tensor]
     scale: Callable[[dict], float]
+    steepest: Callable[[dict], float] | None = None
 
 
 @dataclass(frozen=True)

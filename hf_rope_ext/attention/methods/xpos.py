@@ -10,6 +10,7 @@ centre the positions, an offset that cancels in the scores. gamma = 0.4 is their
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from ...frequencies.common import plain_frequencies
@@ -32,6 +33,12 @@ def scale_base(params: dict) -> float:
     return float(params["scale_base"])
 
 
+def steepest(params: dict) -> float:
+    """-log zeta_0 = log((1 + gamma) / gamma): pair 0 decays fastest."""
+    gamma = float(params["gamma"])
+    return math.log((1.0 + gamma) / gamma)
+
+
 METHOD = register(
     RopeMethod(
         name="xpos",
@@ -51,6 +58,6 @@ METHOD = register(
         families=FAMILIES,
         training_free=False,
         example={"scale_base": 512.0},
-        attention=AttentionForm(decay=Decay(log_zeta, scale_base)),
+        attention=AttentionForm(decay=Decay(log_zeta, scale_base, steepest)),
     )
 )

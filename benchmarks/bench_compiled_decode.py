@@ -1,0 +1,219 @@
+"""Compiled decode on a StaticCache, each type against plain RoPE compiled the same way, each row naming its kernels.
+
+    PYTHONPATH=. python benchmarks/bench_compiled_decode.py [--cached 32768] [--types rerope xpos] [--json PATH]
+
+1. ``graphed``: the attention module of ``bench_attention`` (32 / 8 heads, head_dim 128, bf16) on a StaticCache
+   holding ``--cached`` random tokens (the rotating one ``generate`` gives these types), its forward (projections,
+   cache write, attention) compiled with ``torch.compile(fullgraph=True, mode=--mode)``: on CUDA ``reduce-overhead``,
+   a CUDA graph replayed every step. First the check: the compiled first step against the same step uncompiled on a
+   copy of the cache (max |error| / max |output|; past ``--bound`` the row says FAIL and the script exits 3). Then
+   ``--steps`` timed steps after ``--warmup`` ones (median ms per step), and one profiled step: the kernels with the
+   most device time (CPU: operations with the most CPU time) name what ran.
+2. ``generate``: a Llama of ``--model-shape`` (``1b``: Llama 3.2 1B's shape, random weights, bf16) reading a
+   ``--prompt``-token prompt and generating ``--new-tokens`` greedy tokens with ``cache_implementation="static"``
+   (transformers compiles the decode step itself on CUDA, with its default CompileConfig), for ``--model-types``
+   and plain: decode tokens/s = (N - 1) / (time of N tokens - time of 1), both timed after a warm-up run of N.
+On a CPU (``--device cpu``: toy sizes, the tests) transformers is told to compile too (``_compile_all_devices``)
+with ``--backend`` (default ``eager``) and no mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from transformers import AttentionInterface, CompileConfig, LlamaConfig, LlamaForCausalLM
+
+import hf_rope_ext
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_attention as bench  # noqa: E402
+
+CHECK_FAILED = 3  # the exit status when a compiled step is off its uncompiled one (a crash exits 1)
+SHAPES = {  # Llama shapes: hidden, layers, heads, kv heads, intermediate, vocab
+    "1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+               intermediate_size=8192, vocab_size=128256, head_dim=64),
+    "toy": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=96, vocab_size=97, head_dim=16),
+}  # fmt: skip
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def kernels_ran(function, device: str, count: int = 3) -> str:
+    """The ``count`` kernels (CPU: operations) with the most self time in one call of ``function``, with shares."""
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        function()
+        sync(device)
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, key) > 0 and (not cuda or e.device_type.name == "CUDA")]
+    total = sum(getattr(e, key) for e in events) or 1
+    top = sorted(events, key=lambda e: -getattr(e, key))[:count]
+    return ", ".join(f"{e.key[:60]} {100 * getattr(e, key) / total:.0f}%" for e in top)
+
+
+def compile_options(args) -> dict:
+    return {"backend": args.backend, **({"mode": args.mode} if args.mode else {})}
+
+
+def graphed_row(name: str, args) -> dict:
+    """Check, time and profile ``name``'s compiled decode step (module docstring, 1)."""
+    dtype, head_dim = torch.bfloat16, args.head_dim
+    module = bench.attention_module(bench.TYPES[name], head_dim, args.device, dtype)
+    module.config._attn_implementation = "sdpa"
+    room = args.cached + args.warmup + args.steps + 2
+    cache = hf_rope_ext.rope_cache(module.bench_config, max_cache_len=room)
+    kv = [bench.random((1, bench.KV_HEADS, args.cached, head_dim), dtype, args.device, s) for s in (1, 2)]
+    cache.update(*kv, module.layer_idx)
+    keyword = hf_rope_ext.cache_keyword(module)
+    position = [args.cached]
+
+    def step(hidden, pos, mask, held):
+        return module(hidden, module.bench_rotary(hidden, pos), mask, position_ids=pos, **{keyword: held})[0]
+
+    def inputs():
+        hidden = bench.random((1, 1, bench.HEADS * head_dim), dtype, args.device, position[0])
+        pos = torch.tensor([[position[0]]], device=args.device)
+        mask = (torch.arange(room, device=args.device) <= position[0])[None, None, None]
+        position[0] += 1
+        return hidden, pos, mask
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False, **compile_options(args))
+    first = inputs()
+    with torch.no_grad():
+        expected = step(*first, copy.deepcopy(cache)).float()
+        got = compiled(*first, cache).float()  # compiles
+        error = float((got - expected).abs().max() / expected.abs().max())
+        for _ in range(args.warmup):
+            compiled(*inputs(), cache)
+        times = []
+        for _ in range(args.steps):
+            now = inputs()
+            sync(args.device)
+            start = time.perf_counter()
+            compiled(*now, cache)
+            sync(args.device)
+            times.append(time.perf_counter() - start)
+        kernels = kernels_ran(lambda: compiled(*inputs(), cache), args.device)
+    what = {"pass": "graphed", "tokens": args.cached, "rope_type": name, "mode": args.mode, "backend": args.backend}
+    return {**what, "ms": 1e3 * statistics.median(times), "error": error, "ok": error <= args.bound, "kernels": kernels}
+
+
+def model_of(name: str, shape: str, device: str) -> LlamaForCausalLM:
+    rope = {"rope_theta": 500000.0, **bench.TYPES[name]}
+    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, rope_parameters=rope, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval()
+
+
+def generate_row(name: str, args) -> dict:
+    """Decode tokens/s of ``generate(cache_implementation="static")`` (module docstring, 2)."""
+    model = model_of(name, args.model_shape, args.device)
+    ids = torch.randint(3, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(args.device)
+    options = dict(do_sample=False, pad_token_id=0, cache_implementation="static")
+    if not args.device.startswith("cuda"):
+        config = CompileConfig(fullgraph=True, backend=args.backend)
+        config._compile_all_devices = True
+        options["compile_config"] = config
+
+    def run(tokens: int):
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **options)
+        sync(args.device)
+
+    run(args.new_tokens)  # compiles the decode step
+    seconds = {}
+    for tokens in (1, args.new_tokens):
+        start = time.perf_counter()
+        run(tokens)
+        seconds[tokens] = time.perf_counter() - start
+    decode = seconds[args.new_tokens] - seconds[1]
+    kernels = kernels_ran(lambda: run(args.new_tokens), args.device)
+    what = {"pass": "generate", "tokens": args.prompt, "new_tokens": args.new_tokens, "rope_type": name}
+    rate = (args.new_tokens - 1) / decode if decode > 0 else None
+    return {**what, "shape": args.model_shape, "prefill_s": seconds[1], "tokens_per_s": rate, "kernels": kernels}
+
+
+def table(records: list[dict]) -> list[str]:
+    """One row per record, each type's ratio to plain in its pass (time ratio; generate: plain's tokens/s over the
+    type's, so above 1 is slower either way)."""
+    lines = ["| pass | tokens | rope_type | ms/step or tokens/s | x plain | check | kernels |", "| --- " * 7 + "|"]
+    for r in records:
+        plain = next(p for p in records if p["pass"] == r["pass"] and p["rope_type"] == "default")
+        if r["pass"] == "graphed":
+            value, ratio = f"{r['ms']:.3f} ms", r["ms"] / plain["ms"]
+            check = f"{r['error']:.1e}" + ("" if r["ok"] else " FAIL")
+        else:
+            rate, base = r["tokens_per_s"], plain["tokens_per_s"]
+            value, ratio, check = f"{rate or 0:.1f} tok/s", (base / rate if rate and base else float("nan")), "-"
+        lines.append(f"| {r['pass']} | {r['tokens']} | {r['rope_type']} | {value} | {ratio:.2f} | {check} | "
+                     f"{r['kernels']} |")  # fmt: skip
+    return lines
+
+
+def parse(argv=None):
+    cuda = torch.cuda.is_available()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if cuda else "cpu")
+    parser.add_argument("--cached", type=int, default=32768, help="tokens in the StaticCache before the steps")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--types", nargs="+", default=list(bench.TYPES), choices=list(bench.TYPES))
+    parser.add_argument("--warmup", type=int, default=3, help="compiled steps before timing (CUDA graph recorded)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps")
+    parser.add_argument("--backend", default="inductor" if cuda else "eager")
+    parser.add_argument("--mode", default="reduce-overhead" if cuda else None)
+    parser.add_argument("--bound", type=float, default=2**-6, help="largest relative error of the compiled step")
+    parser.add_argument("--model-types", nargs="*", default=["rerope", "self_extend"], choices=list(bench.TYPES))
+    parser.add_argument("--model-shape", default="1b", choices=list(SHAPES))
+    parser.add_argument("--prompt", type=int, default=32768, help="prompt tokens of the generate pass")
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--json", help="also write every record here")
+    args = parser.parse_args(argv)
+    args.types = ["default", *(t for t in args.types if t != "default")]
+    args.model_types = ["default", *(t for t in args.model_types if t != "default")] if args.model_types else []
+    return args
+
+
+def write(args, records: list[dict]) -> None:
+    """The records so far and their table into ``--json`` (after every row: a run cut off keeps what it measured)."""
+    if args.json:
+        device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+        meta = {"device": device, "torch": torch.__version__, "transformers": __import__("transformers").__version__}
+        done = {**meta, "records": records, "table": table(records)}
+        Path(args.json).write_text(json.dumps(done, indent=2), encoding="utf-8")
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    AttentionInterface.register(bench.TIMED, bench.timed_sdpa(args.device))  # the modules are built with it
+    records = []
+    for name in args.types:
+        records.append(graphed_row(name, args))
+        print(f"  graphed {name}: {records[-1]['ms']:.3f} ms, error {records[-1]['error']:.1e}", flush=True)
+        write(args, records)
+    for name in args.model_types:
+        records.append(generate_row(name, args))
+        print(f"  generate {name}: {records[-1]['tokens_per_s']} tokens/s", flush=True)
+        write(args, records)
+    print("\n".join(table(records)))
+    failed = [r["rope_type"] for r in records if r["pass"] == "graphed" and not r["ok"]]
+    if failed:
+        print(f"FAIL: the compiled step is off the uncompiled one past {args.bound} for {failed}", file=sys.stderr)
+    return CHECK_FAILED if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
