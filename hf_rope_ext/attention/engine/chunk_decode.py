@@ -91,11 +91,13 @@ def chunk_keys_step(call: Call, new: torch.Tensor) -> torch.Tensor:
 
 
 def step_angles_and_rule(call: Call, freq: torch.Tensor, rows: int):
-    """(cos, sin [B, 1, 3, 1, d] of the bands' query positions, the bands' ``BandRule``) of a step."""
+    """(cos, sin [B, 1, 3, 1, d] of the bands' query positions, those of band 0 [B, 1, 1, d]: the new key's, the
+    bands' ``BandRule``) of a step."""
     positions, r = band_positions(call)  # [B, 1, 3], [B, 1]
     anchor = (call.key.shape[2] - 1) - r
     rule = BandRule(anchor, call.form.chunks(call.params), rows, rule_constants(call, rows))
-    return *step_cos_sin(positions, freq), rule
+    cos, sin = step_cos_sin(positions, freq)
+    return cos, sin, cos[:, :, 0], sin[:, :, 0], rule
 
 
 def chunk_decode(call: Call, scale: float) -> torch.Tensor:
@@ -105,10 +107,10 @@ def chunk_decode(call: Call, scale: float) -> torch.Tensor:
     groups = h // kv_heads
     freq = signed_freq(call, call.inv_freq, "key", d)
     key = ("chunks", d, kv, groups, call.query.dtype)
-    cos, sin, rule = per_step(call, key, lambda: step_angles_and_rule(call, freq, groups))
+    cos, sin, key_cos, key_sin, rule = per_step(call, key, lambda: step_angles_and_rule(call, freq, groups))
     partner = partner_index(call, call.inv_freq.shape[-1], d)
     q = turn_step(call.query.view(b, kv_heads, 1, groups, d), cos, sin, partner)  # [B, Hkv, 3, g, d]
-    new = turn_step(call.key.narrow(2, kv - 1, 1), cos[:, :, 0], sin[:, :, 0], partner)  # by r = m mod c
+    new = turn_step(call.key.narrow(2, kv - 1, 1), key_cos, key_sin, partner)  # by r = m mod c
     keys = chunk_keys_step(call, new)
     out, lse = attend_piece(q.view(b, kv_heads, BANDS * groups, d), keys, call.value, Piece(rule=rule), scale)
     weights = torch.softmax(lse.view(b, kv_heads, BANDS, groups, 1), dim=2)  # [B, Hkv, 3, g, 1] float32
