@@ -2,7 +2,8 @@
 the best training-free configuration and the best adapter, chosen on the dev split and measured once on the held-out
 test split.
 
-    python experiments/headline.py        # choose on dev, score the test logs, write the table and the chart
+    python experiments/headline.py            # choose on dev, score the test logs, write the table and the chart
+    python experiments/headline.py --write    # and put the table into README.md and docs/results/real-model.md
 
 1. The choice: among the 4x cells of ``docs/results/real-model/results.json`` (every earlier figure, all on the dev
    probe), those with both dev probes at 32768 tokens (the classic one key per prompt, and three keys per prompt),
@@ -18,13 +19,18 @@ test split.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 
 from hf_rope_ext.eval import probes, splits
 from hf_rope_ext.eval.adapters import training_command
 from hf_rope_ext.eval.intervals import score, shown, verdict
 from hf_rope_ext.eval.metadata import folder_hash
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import results_at_a_glance as glance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results" / "real-model"
@@ -147,13 +153,15 @@ def plot(done: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.2))
     rows = [(cell, probe) for cell in TEST_CELLS for probe in SAMPLES]
     for shift, split, colour in ((-0.12, "dev", "tab:grey"), (0.12, "test", "tab:blue")):
+        labelled = False
         for i, (cell, probe) in enumerate(rows):
             record = split_record(done, cell, probe, split)
             if record is not None:
                 lo, hi = record["interval"]
                 y = record["hits"] / record["n"]
                 ax.errorbar(i + shift, y, yerr=[[y - lo], [hi - y]], fmt="o", color=colour, capsize=5,
-                            label=split if i == 0 else None)  # fmt: skip
+                            label=None if labelled else split)  # fmt: skip
+                labelled = True
                 ax.annotate(
                     f"{record['hits']}/{record['n']}",
                     (i + shift, y),
@@ -181,10 +189,13 @@ def split_record(done: dict, cell: str, probe: str, split: str) -> dict | None:
     return dev_of(dev[probe]) if probe in dev else None
 
 
-def main() -> None:
+def main(argv=None) -> None:
     from hf_rope_ext.eval import loading
     from hf_rope_ext.store import smollm2
 
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", help="replace the table in the pages (PAGES) by this one")
+    args = parser.parse_args(argv)
     results = RESULTS / "results.json"
     done = json.loads(results.read_text())
     annotate_dev(done)
@@ -199,6 +210,11 @@ def main() -> None:
     (RESULTS / "headline.md").write_text(table(done, chosen))
     plot(done, RESULTS / "headline.png")
     print(table(done, chosen))
+    for page in PAGES if args.write else ():
+        glance.replace_block(page, "results", table(done, chosen).strip())
+
+
+PAGES = [ROOT / "README.md", ROOT / "docs" / "results" / "real-model.md"]  # each with a "results" block
 
 
 if __name__ == "__main__":

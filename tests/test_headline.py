@@ -1,6 +1,6 @@
 """``experiments/headline.py``: the configurations are chosen on the dev records by the stated rule, every dev record
 gains its count and interval, a test log counts only the test split's own prompts, and the table gives a target's
-verdict by the interval's lower bound."""
+verdict by the interval's lower bound; README and the results page show the table of the committed records."""
 
 from __future__ import annotations
 
@@ -98,3 +98,13 @@ def test_the_table_says_met_only_when_the_lower_bound_clears_the_target(headline
     text = headline.table(done, {})
     assert "| classic | 10/10 [0.72, 1.00] | 30/30 [0.89, 1.00] | 80% | met |" in text
     assert "| multikey | 9/12 [0.47, 0.91] | 20/24 [0.64, 0.93] | 80% | not shown at this sample size |" in text
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/results/real-model.md"])
+def test_the_pages_show_the_table_of_the_committed_records(headline, page):
+    """What ``headline.py --write`` puts between ``<!-- results:start -->`` and ``<!-- results:end -->``."""
+    done = json.loads((headline.RESULTS / "results.json").read_text())
+    text = (headline.ROOT / page).read_text()
+    shown = text.split("<!-- results:start -->\n")[1].split("\n<!-- results:end -->")[0]
+    assert shown == headline.table(done, headline.choose(done)).strip()
+    assert "test (held out)" in shown and done["test:se:multikey"][0]["split"] == "test"

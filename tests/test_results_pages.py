@@ -1,6 +1,6 @@
-"""The figures of README's "Results at a glance" and of docs/results/real-model.md are the committed records': their
-tables are what ``experiments/results_at_a_glance.py`` makes of ``docs/results/real-model/results.json``, the chart
-script runs on those records, and the interval is Wilson's."""
+"""The dev-split figures of docs/results/real-model.md are the committed records': their tables are what
+``experiments/results_at_a_glance.py`` makes of ``docs/results/real-model/results.json``, the chart script runs on
+those records, and the interval is Wilson's."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ def block(path: Path, name: str) -> str:
     return found.group(1)
 
 
-def test_the_readme_table_is_the_records_and_labelled_dev():
-    table = block(ROOT / "README.md", "results")
-    assert table == glance.table(RECORDS)  # `python experiments/results_at_a_glance.py` prints it
+def test_the_results_page_glance_is_the_records_and_labelled_dev():
+    table = block(ROOT / "docs" / "results" / "real-model.md", "real-model-glance")
+    assert table == glance.table(RECORDS)  # `python experiments/results_at_a_glance.py --write` puts it there
     assert "dev split" in table
 
 
@@ -42,7 +42,7 @@ def test_the_chart_script_runs_on_the_records(tmp_path, capsys):
     assert glance.main(["--chart", str(tmp_path / "chart.png")]) == 0
     assert (tmp_path / "chart.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert "10/10 [0.72, 1.00]" in capsys.readouterr().out
-    assert (ROOT / "docs/results/real-model/at-4x.png").is_file()  # the committed chart README shows
+    assert (ROOT / "docs/results/real-model/at-4x.png").is_file()  # the committed chart the page shows
 
 
 def test_the_interval_is_wilsons():
