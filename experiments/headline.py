@@ -3,7 +3,7 @@ the best training-free configuration and the best adapter, chosen on the dev spl
 test split.
 
     python experiments/headline.py            # choose on dev, score the test logs, write the table and the chart
-    python experiments/headline.py --write    # and put the table into README.md and docs/results/real-model.md
+    python experiments/headline.py --write    # and put the table into README, the results page and the adapter's card
 
 1. The choice: among the 4x cells of ``docs/results/real-model/results.json`` (every earlier figure, all on the dev
    probe), those with both dev probes at 32768 tokens (the classic one key per prompt, and three keys per prompt),
@@ -214,7 +214,8 @@ def main(argv=None) -> None:
         glance.replace_block(page, "results", table(done, chosen).strip())
 
 
-PAGES = [ROOT / "README.md", ROOT / "docs" / "results" / "real-model.md"]  # each with a "results" block
+# the pages with a "results" block
+PAGES = [ROOT / "README.md", ROOT / "docs" / "results" / "real-model.md", ROOT / ADAPTER / "README.md"]
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hf_rope_ext.cli.list_types import markdown, rows
+from hf_rope_ext.eval.intervals import wilson
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -94,3 +95,31 @@ def test_the_methods_table_is_the_registry():
     """docs/methods.md's table is ``hf-rope-ext list``'s (``python scripts/docs_tables.py`` rewrites it)."""
     text = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
     assert generated_block(text, "types") == markdown(rows())
+
+
+COUNT = re.compile(r"(\d+)/(\d+)(?: \[(\d\.\d\d), (\d\.\d\d)\])?")
+COUNTS_ONLY = re.compile(r"^\s*\**\d+/\d+(?: \[[\d., ]+\])?\**(?:\s*/\s*\**\d+/\d+(?: \[[\d., ]+\])?\**)*\s*$")
+RESULT_PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs" / "results").glob("*.md")),
+    *ROOT.glob("examples/*/README.md"),
+]
+
+
+def counts_in_tables(text: str) -> list[re.Match]:
+    """The hits/n counts of every table cell that holds counts alone (a cell "5/5 [0.57, 1.00] / 4/5 [...]" too)."""
+    cells = [c for line in text.splitlines() if line.startswith("|") for c in line.split("|")]
+    return [m for cell in cells if COUNTS_ONLY.match(cell) for m in COUNT.finditer(cell)]
+
+
+@pytest.mark.parametrize("page", RESULT_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_count_in_a_results_table_shows_its_wilson_interval(page):
+    for m in counts_in_tables(page.read_text(encoding="utf-8")):
+        hits, n = int(m.group(1)), int(m.group(2))
+        assert m.group(3) is not None, f"{page.name}: {m.group(0)} has no interval"
+        assert (m.group(3), m.group(4)) == tuple(f"{x:.2f}" for x in wilson(hits, n)), (page.name, m.group(0))
+
+
+def test_the_count_reader_finds_bare_and_wrong_counts():
+    found = counts_in_tables("| a 1/5 slope | 3/5 | 5/5 [0.57, 1.00] / 0/5 |\n")
+    assert [(m.group(0), m.group(3)) for m in found] == [("3/5", None), ("5/5 [0.57, 1.00]", "0.57"), ("0/5", None)]
