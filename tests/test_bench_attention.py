@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,20 @@ def test_the_decode_profile_covers_one_attention_call():
         assert seconds > 0 and counts[flash] == calls, (name, counts)
         text = profile_decode.summary(name, seconds, prof, "cpu", 3)
         assert f"## {name}: wall" in text and "by self_cpu_time_total:" in text and "self_device" not in text
+
+
+def test_the_prefill_count_takes_the_cuda_plan_and_names_what_grows(capsys):
+    """``benchmarks/prefill_ops.py``: by default a band is one piece however long (the CUDA path's plan, its block
+    masks built), so ReRoPE's prefill runs fewer operations than under the CPU's row blocks, and the table names the
+    operation kinds whose count grows with the length."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import prefill_ops
+
+    whole = sum(prefill_ops.prefill_ops("rerope", 1024, 16).ops.values())
+    blocks = sum(prefill_ops.prefill_ops("rerope", 1024, 16, cpu_pieces=True).ops.values())
+    assert whole < blocks, (whole, blocks)  # 1024 rows, window 512: 8 near blocks on the CPU, one band on CUDA
+    assert prefill_ops.growth(Counter({"aten.a": 1, "aten.b": 2}), Counter({"aten.a": 4, "aten.b": 2})) == "a 1->4"
+    assert prefill_ops.main(["--lengths", "600", "1200", "--types", "rerope", "--head-dim", "16"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1]
+    cells = row.strip("|").split(" | ")  # type, two lengths, syncs, what grows: nothing below a rotation's 2048 rows
+    assert cells[0].strip() == "rerope" and cells[1] == cells[2] and cells[4].strip() == "-", row
