@@ -94,7 +94,9 @@ def test_the_command_writes_the_report_json_markdown_and_plot(tmp_path, capsys):
     assert record["task"] == "niah_multikey_2" and record["samples"] == 1 and data["metadata"]["lm_eval"]
     assert record["rope_parameters"]["rope_type"] == "yarn" and len(record["answers"][0]["answer"]) <= 8 * 4
     assert record["ruler_score"] == pytest.approx(own_score(record["answers"]))
-    assert f"| yarn | {record['ruler_score']:.2f} (1) |" in (out / "report.md").read_text()
+    hits = round(own_score(record["answers"]))  # one value asked a sample: a hit or a miss
+    assert (record["n"], record["hits"]) == (1, hits) and record["interval"] == [[0.0, 0.7935], [0.2065, 1.0]][hits]
+    assert f"| yarn | {hits}/1 [{0.21 * hits:.2f}, {0.79 + 0.21 * hits:.2f}] |" in (out / "report.md").read_text()
     assert (out / "ruler.png").stat().st_size > 0
     assert main([*argv, "--report-dir", str(out)]) == 2  # an existing report is not overwritten without --overwrite
     assert "--overwrite" in capsys.readouterr().err

@@ -10,12 +10,14 @@ the pretraining length (``eval.loading``). lm-eval's builders make 500 samples p
 
 A record: ``{"rope_type", "factor", "length", "task", "ruler_score", "samples", "answers"}``: the score lm-eval
 reports for that length (the mean over samples of the share of expected values found in the answer, 0-1), the number
-of samples it read and each sample's expected values and generated answer.
+of samples it read and each sample's expected values and generated answer; where every sample asks one value, also
+``n``, ``hits`` and their Wilson 95% ``interval``.
 """
 
 from __future__ import annotations
 
 from . import ruler_fit, ruler_tasks
+from .intervals import score
 
 DEFAULT_SAMPLES = 500  # what lm-eval's builders make per length (and read, without a limit)
 
@@ -72,9 +74,17 @@ def record(task: str, length: int, results: dict) -> dict:
         raise RuntimeError(f"lm-eval reported no score for {task} at {length} tokens: {sorted(scores)}")
     samples = results["samples"][task]
     answers = [{"expected": list(s["doc"]["outputs"]), "answer": first(s["filtered_resps"])} for s in samples]
-    return {"task": task, "length": int(length), "ruler_score": float(scores[key]), "samples": len(samples)} | {
-        "answers": answers
-    }
+    found = {"task": task, "length": int(length), "ruler_score": float(scores[key]), "samples": len(samples)}
+    return found | counted(found["ruler_score"], answers) | {"answers": answers}
+
+
+def counted(mean: float, answers: list[dict]) -> dict:
+    """``n``, ``hits`` and the Wilson ``interval`` where every sample asks one value (each scores 0 or 1, so the
+    mean is hits / n); nothing where a sample asks several (lm-eval's partial credit is a mean, not a count)."""
+    if not answers or any(len(a["expected"]) != 1 for a in answers):
+        return {}
+    found = score(round(mean * len(answers)), len(answers))
+    return {k: found[k] for k in ("n", "hits", "interval")}
 
 
 def first(responses):

@@ -1,20 +1,24 @@
 """RULER results as a report: one Markdown table per task (a row per method, a column per length, each cell the
-score lm-eval computed with the number of samples it read) and a figure of score against length, one panel per task
+samples answered out of those read with the Wilson 95% interval, or, for a task whose samples ask several values,
+the mean score lm-eval computed with the number of samples) and a figure of score against length, one panel per task
 and one line per method."""
 
 from __future__ import annotations
 
+from .intervals import shown
 from .plots import _pyplot, _write, style
 
 SAVED = "none"
+COUNTED, MEAN = "samples answered / read, Wilson 95% interval", "lm-eval's score, 0-1, with the samples read"
 
 
 def cell(record: dict) -> str:
-    return f"{record['ruler_score']:.2f} ({record['samples']})"
+    """``hits/n [lo, hi]`` of a counted record, else ``score (samples)``."""
+    return shown(record) if "hits" in record else f"{record['ruler_score']:.2f} ({record['samples']})"
 
 
 def tables(records: list[dict]) -> str:
-    """Markdown: for every task, methods x lengths, ``score (samples)``; a method read at one length with two factors
+    """Markdown: for every task, methods x lengths, each record's ``cell``; a method read at one length with two factors
     (extend: L0 with the smallest) shows the first."""
     parts = []
     for task in dict.fromkeys(r["task"] for r in records):
@@ -24,7 +28,8 @@ def tables(records: list[dict]) -> str:
         cells: dict = {}
         for r in rows:
             cells.setdefault((r["rope_type"], r["length"]), cell(r))
-        parts += [f"RULER `{task}` (lm-eval's score, 0-1, with the samples read):", ""]
+        what = COUNTED if all("hits" in r for r in rows) else MEAN
+        parts += [f"RULER `{task}` ({what}):", ""]
         parts += ["| rope_type | " + " | ".join(str(n) for n in lengths) + " |", "|" + " --- |" * (len(lengths) + 1)]
         parts += [f"| {n} | " + " | ".join(cells.get((n, x), "-") for x in lengths) + " |" for n in names]
         parts.append("")
