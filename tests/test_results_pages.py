@@ -50,3 +50,17 @@ def test_the_interval_is_wilsons():
     for (hits, n), (low, high) in {(10, 10): (0.7225, 1.0), (9, 12): (0.4677, 0.9111), (0, 5): (0.0, 0.4345)}.items():
         got = glance.wilson(hits, n)
         assert abs(got[0] - low) < 1e-3 and abs(got[1] - high) < 1e-3, (hits, n, got)
+
+
+def test_the_ruler_controls_table_is_the_records():
+    """docs/results/ruler.md's controls: each cell the count of its record in ruler/controls.json (written by
+    ``experiments/ruler_controls.py``), samples answered out of 10, with and without the chat template."""
+    from hf_rope_ext.eval.intervals import shown
+
+    records = json.loads((ROOT / "docs/results/ruler/controls.json").read_text())["records"]
+    page = (ROOT / "docs/results/ruler.md").read_text()
+    for template, label in ((False, "plain text"), (True, "chat template")):
+        mine = {(r["task"], r["length"]): r for r in records if r["chat_template"] is template}
+        cells = [mine[task, n] for task in ("niah_single_1", "niah_multikey_2") for n in (4096, 8192)]
+        assert all(r["n"] == 10 for r in cells)
+        assert f"| {label} | " + " | ".join(shown(r) for r in cells) + " |" in page
