@@ -14,7 +14,9 @@ return more than ``--large`` elements are counted apart: copies or work that gro
 (``flex.kernel_block_mask``), so the count includes that host work too. ``--model`` counts instead one whole decode
 step (embedding, every layer, head) of a 2-layer tiny Llama (hidden 64, 4 / 2 heads, float32) whose rotating cache
 (what ``generate`` gives these types) holds the prompt, and gives each type's operations per layer beyond the stock
-model's (``default``): what the attention functions add, layers sharing what a step computes once.
+model's (``default``): what the attention functions add, layers sharing what a step computes once. With
+``--padded N`` the step is one of a batch of two rows, the first left-padded by N tokens, as ``generate`` steps a
+padded batch.
 """
 
 from __future__ import annotations
@@ -113,31 +115,58 @@ def tiny_llama(rope: dict, layers: int = 2) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
-def model_step_ops(name: str, cached: int, large: int, layers: int = 2) -> Counted:
-    """The counter of the third decode step of a tiny Llama (``tiny_llama``) using ``name`` after ``cached`` tokens."""
+def padded_inputs(cached: int, padded: int) -> dict:
+    """A prompt of ``cached`` tokens: one row, or (``padded`` > 0) two rows, the first left-padded by ``padded``,
+    with the mask and positions ``generate`` gives them."""
+    rows = 2 if padded else 1
+    ids = torch.randint(3, 97, (rows, cached), generator=torch.Generator().manual_seed(0))
+    if not padded:
+        return {"input_ids": ids}
+    mask = torch.ones(rows, cached, dtype=torch.long)
+    mask[0, :padded] = 0
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+
+
+def next_inputs(inputs: dict, logits: torch.Tensor) -> dict:
+    """The inputs of the step after ``inputs`` (mask and positions grown by one where there are)."""
+    step = {"input_ids": logits[:, -1:].argmax(-1)}
+    if "attention_mask" in inputs:
+        mask = inputs["attention_mask"]
+        step["attention_mask"] = torch.cat((mask, mask.new_ones(mask.shape[0], 1)), -1)
+        step["position_ids"] = inputs["position_ids"][:, -1:] + 1
+    return step
+
+
+def model_step_ops(name: str, cached: int, large: int, layers: int = 2, padded: int = 0) -> Counted:
+    """The counter of the third decode step of a tiny Llama (``tiny_llama``) using ``name`` after ``cached`` tokens
+    (``padded``: of a batch of two rows, the first left-padded by that many, as ``padded_inputs``)."""
     model = tiny_llama(bench.TYPES[name], layers)
     cache = hf_rope_ext.rope_cache(model)
     keyword = {hf_rope_ext.cache_keyword(model): cache}
-    ids = torch.randint(3, 97, (1, cached), generator=torch.Generator().manual_seed(0))
+    inputs = padded_inputs(cached, padded)
     with torch.no_grad():
-        logits = model(ids, **keyword).logits
+        logits = model(**inputs, **keyword).logits
         for _ in range(2):
-            logits = model(logits[:, -1:].argmax(-1), **keyword).logits
+            inputs = next_inputs(inputs, logits)
+            logits = model(**inputs, **keyword).logits
         with Counted(large) as counter:
-            model(logits[:, -1:].argmax(-1), **keyword)
+            model(**next_inputs(inputs, logits), **keyword)
     return counter
 
 
 def model_table(args) -> None:
     """Operations of a whole step per type, and per layer beyond the stock model's."""
-    stock = sum(model_step_ops("default", args.cached, args.large, args.layers).ops.values())
+    stock_counter = model_step_ops("default", args.cached, args.large, args.layers, args.padded)
+    stock = sum(stock_counter.ops.values())
+    batch = f", 2 rows, one left-padded by {args.padded}" if args.padded else ""
     print(
-        f"| rope_type | operations per model step (after {args.cached} tokens, {args.layers} layers) "
+        f"| rope_type | operations per model step (after {args.cached} tokens, {args.layers} layers{batch}) "
         "| beyond stock, per layer | host syncs |"
     )
     print("| --- | ---: | ---: | ---: |")
-    for name in args.types:
-        counter = model_step_ops(name, args.cached, args.large, args.layers)
+    print(f"| default | {stock} | 0.0 | {stock_counter.syncs} |")
+    for name in [n for n in args.types if n != "default"]:
+        counter = model_step_ops(name, args.cached, args.large, args.layers, args.padded)
         total = sum(counter.ops.values())
         print(f"| {name} | {total} | {(total - stock) / args.layers:.1f} | {counter.syncs} |", flush=True)
 
@@ -151,7 +180,10 @@ def main(argv=None) -> int:
     parser.add_argument("--block-masks", action="store_true", help="on a CPU, also build the CUDA kernel's masks")
     parser.add_argument("--model", action="store_true", help="count whole decode steps of a tiny Llama instead")
     parser.add_argument("--layers", type=int, default=2, help="layers of --model's Llama")
+    parser.add_argument("--padded", type=int, default=0, help="--model: a batch of two, one left-padded by this")
     args = parser.parse_args(argv)
+    if args.padded and not (args.model and 0 < args.padded < args.cached):
+        parser.error(f"--padded {args.padded} needs --model and 0 < --padded < --cached ({args.cached})")
     if args.model:
         model_table(args)
         return 0

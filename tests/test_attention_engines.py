@@ -435,3 +435,37 @@ def test_an_in_place_half_precision_merge_works_a_slice_of_rows_at_a_time(dtype,
     assert mode.largest <= 1000 < o1.numel()
     assert torch.equal(got, expected) and torch.equal(got_lse, expected_lse)
     assert torch.equal(got[0, 0, :5], o2[0, 0, :5])
+
+
+def refuse(plan: str):
+    def call(*args, **kwargs):
+        raise AssertionError(f"a left-padded decode step took {plan}")
+
+    return call
+
+
+@pytest.mark.parametrize("twin", ["cpu", *CUDA_TWINS])
+@pytest.mark.parametrize("name", TYPES)
+def test_left_padded_decode_steps_take_the_decode_plans_and_equal_the_reference(name, twin, monkeypatch):
+    """Steps of a batch whose first row is left-padded so far that, at first, every key beyond its window is padding
+    (its far band empty) and whose second is not: the decode plans of an unmasked step with each row's padding hidden,
+    on the CPU kernel and on the CUDA path's (twins, and its own flex code run uncompiled)."""
+    module = module_of(name)
+    pad = LENGTH - 3
+    q, k, v = tensors(q_len=6, kv=LENGTH + 6)
+    if twin != "cpu":
+        monkeypatch.setitem(kernels.KERNELS, "cpu", CUDA_TWINS[twin])
+    for step in range(6):
+        kv = LENGTH + step + 1
+        keep = torch.ones(2, kv, dtype=torch.bool)
+        keep[0, :pad] = False
+        args = (q[:, :, step : step + 1], k[:, :, :kv].clone(), v[:, :, :kv].clone(), keep[:, None, None, :])
+        pos = keep.long().sum(-1, keepdim=True) - 1
+        expected = function.attend("eager", module, *args, position_ids=pos)[0]
+        with monkeypatch.context() as refused:
+            for plan in ("two_band_masked", "single_band"):
+                refused.setattr(fast, plan, refuse(plan))
+            refused.setattr(function.reference, "run", refuse("the reference engine"))
+            got = function.attend("sdpa", module, *args, position_ids=pos)[0]
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    rotated_cache.forget(module)

@@ -248,3 +248,31 @@ def test_a_block_mask_per_head_is_refused():
     block_mask = create_block_mask(lambda b, h, q, kv: kv <= q + h, 1, 2, 16, 16, device="cpu", BLOCK_SIZE=8)
     with pytest.raises(ValueError, match="flex BlockMask with 2 head masks"):
         mask_formats.engine_mask("flex_attention", block_mask, 16, 16, {}, "cpu")
+
+
+def test_a_decode_steps_mask_is_read_once_for_every_layer_it_is_handed(monkeypatch):
+    """``step_padding``: "none", "left" (left padding, a sliding window) or "other" (a hole, a static cache's unfilled
+    end), bool or additive; each of a few masks handed in turn (full and sliding-window layers) read once, a mask
+    written in place read again."""
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(1) or tolist(t))
+    seen = torch.ones(2, 1, 1, 8, dtype=torch.bool)
+    left, window, hole, unfilled = seen.clone(), seen.clone(), seen.clone(), seen.clone()
+    left[0, ..., :3] = False
+    window[..., :5] = False
+    hole[1, ..., 4] = False
+    unfilled[..., 6:] = False
+    additive = torch.zeros(left.shape).masked_fill(~left, torch.finfo(torch.float32).min)
+    kinds = {"none": seen, "left": left, "window": window, "hole": hole, "unfilled": unfilled, "additive": additive}
+    expected = dict(none="none", left="left", window="left", hole="other", unfilled="other", additive="left")
+    for layer in range(3):
+        for name in ("none", "left", "window", "additive"):
+            assert mask_formats.step_padding(kinds[name]) == expected[name], name
+    assert len(reads) == 4
+    assert [mask_formats.step_padding(kinds[name]) for name in ("hole", "unfilled")] == ["other", "other"]
+    left[0, ..., 3:] = False
+    left[0, ..., -1] = True
+    assert mask_formats.step_padding(left) == "left" and len(reads) == 7
+    left[1, ..., 2] = False
+    assert mask_formats.step_padding(left) == "other"

@@ -138,6 +138,21 @@ def test_an_eager_decode_step_of_a_model_reads_nothing_back_and_adds_at_most_30_
         assert (sum(counter.ops.values()) - stock) / 2 <= 30, (name, dict(counter.ops))
 
 
+def test_an_eager_decode_step_of_a_left_padded_batch_reads_back_once_and_adds_at_most_40_operations_per_layer():
+    """``decode_ops.py --model --padded 900``: a step of two rows, the first left-padded by 900 of 1100 tokens (its
+    far bands empty), reads one value back beyond the stock model's (whether the mask hides only each row's first keys,
+    once for all the layers) and dispatches at most 40 operations per layer more than stock (2 layers: a step's
+    shared work counts half per layer); main before: 17 reads, 90-176 more operations per layer."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import decode_ops
+
+    stock = decode_ops.model_step_ops("default", 1100, 100_000, padded=900)
+    for name in sorted(decode_ops.bench.TYPES.keys() - {"default"}):
+        counter = decode_ops.model_step_ops(name, 1100, 100_000, padded=900)
+        assert counter.syncs <= stock.syncs + 1, (name, counter.syncs, stock.syncs)
+        assert (sum(counter.ops.values()) - sum(stock.ops.values())) / 2 <= 40, (name, dict(counter.ops))
+
+
 @pytest.mark.parametrize("name", ["rerope", "dual_chunk"])
 def test_the_cuda_kernels_block_masks_add_no_operation_to_a_decode_step(name):
     """``decode_ops.py --block-masks``: a decode step's pieces cut no key, so the block masks the CUDA kernel gives

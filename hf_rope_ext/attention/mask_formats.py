@@ -141,17 +141,45 @@ def causal_on_cache(mask, q_len: int, kv_len: int):
     return mask
 
 
-_LAST_CHECKED = (None, None, False)  # (weak reference to the mask checked last, its version, whether only causal)
+MASKS_KEPT = 4  # masks whose reads are kept: a model may hand its layers a few (full and sliding-window layers)
+_PER_MASK: list = []  # [(weak reference to a mask, its version, {key: value})], the newest last
+
+
+def per_mask(mask: torch.Tensor, key, compute):
+    """``compute()`` once for a mask every layer of a forward is handed (the same tensor object alive and, outside
+    inference mode, the same version since): what is read back from it is read once a forward, not once a layer."""
+    now = None if mask.is_inference() else mask._version
+    found = next((entry for entry in _PER_MASK if entry[0]() is mask and entry[1] == now), None)
+    if found is None:
+        _PER_MASK[:] = [entry for entry in _PER_MASK[-(MASKS_KEPT - 1) :] if entry[0]() is not None]
+        found = (weakref.ref(mask), now, {})
+        _PER_MASK.append(found)
+    values = found[2]
+    if key not in values:
+        values[key] = compute()
+    return values[key]
 
 
 def checked_causal(mask: torch.Tensor) -> bool:
-    """``only_causal(mask)``, read once for the mask every layer of a forward is handed (the same tensor, unchanged
-    since: the same object alive and, outside inference mode, the same version)."""
-    global _LAST_CHECKED
-    last, version, verdict = _LAST_CHECKED
-    now = None if mask.is_inference() else mask._version
-    if last is not None and last() is mask and version == now:
-        return verdict
-    verdict = only_causal(mask)
-    _LAST_CHECKED = (weakref.ref(mask), now, verdict)
-    return verdict
+    """``only_causal(mask)``, read once for the mask every layer of a forward is handed (``per_mask``)."""
+    return per_mask(mask, "only_causal", lambda: only_causal(mask))
+
+
+def seen_keys(mask: torch.Tensor) -> torch.Tensor:
+    """[B or 1, kv] bool: the keys a one-query mask [B or 1, 1, 1, kv] (bool, or additive) lets its row see."""
+    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    return allowed.reshape(allowed.shape[0], allowed.shape[-1])
+
+
+def step_padding(mask: torch.Tensor) -> str:
+    """What a decode step's mask [B or 1, 1, 1, kv] hides, read once for all the layers handed it (``per_mask``):
+    "none" (every key seen), "left" (each row sees the keys from some index on, the newest included: left padding,
+    a sliding window) or "other"."""
+
+    def read() -> str:
+        seen = seen_keys(mask)
+        suffix = (seen[:, 1:] >= seen[:, :-1]).all() & seen[:, -1].all()  # never hidden after a seen key
+        every, left = torch.stack((seen.all(), suffix)).tolist()
+        return "none" if every else "left" if left else "other"
+
+    return per_mask(mask, "step_padding", read)

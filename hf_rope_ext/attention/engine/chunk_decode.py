@@ -19,6 +19,7 @@ from ..rotation import rotate
 from . import rotated_cache
 from .call import Call
 from .kernels import attend_piece
+from .padding import Padding
 from .piece import Piece
 from .step_turns import partner_index, per_step, signed_freq, step_cos_sin, turn_step
 
@@ -51,11 +52,13 @@ class BandRule:
     chunk: int
     rows: int
     constants: dict  # the layer's: columns, bounds, row bands, the dtype's 0 and minimum (``rule_constants``)
+    padding: Padding | None = None  # keys before a row's first seen one hidden too
     dense: torch.Tensor | None = None
 
     def mask_mod(self, b, h, row, column):
         t = self.anchor[b, 0] - column
-        return (t > 0).to(torch.int64) + (t > self.chunk).to(torch.int64) == row // self.rows
+        band = (t > 0).to(torch.int64) + (t > self.chunk).to(torch.int64) == row // self.rows
+        return band if self.padding is None else band & (column >= self.padding.first[b, 0])
 
     def additive(self) -> torch.Tensor:
         """[B, 1, 3 rows, kv], formed once (the layers of a step share the rule)."""
@@ -64,6 +67,8 @@ class BandRule:
             band = torch.bucketize(self.anchor - held["columns"], held["bounds"])  # [B, kv]
             allowed = band.view(band.shape[0], 1, 1, -1) == held["row_band"]  # [B, 1, 3 rows, kv]
             self.dense = torch.where(allowed, held["zero"], held["low"])
+            if self.padding is not None:  # both 0 or the minimum: the smaller hides
+                self.dense = torch.minimum(self.dense, self.padding.additive)
         return self.dense
 
 
@@ -90,24 +95,24 @@ def chunk_keys_step(call: Call, new: torch.Tensor) -> torch.Tensor:
     return rotated_cache.rotated(call.memory, "chunk_key", call.tag, call.key, call.key_positions, kv - 1, turn, 0, new)
 
 
-def step_angles_and_rule(call: Call, freq: torch.Tensor, rows: int):
+def step_angles_and_rule(call: Call, freq: torch.Tensor, rows: int, padding: Padding | None):
     """(cos, sin [B, 1, 3, 1, d] of the bands' query positions, those of band 0 [B, 1, 1, d]: the new key's, the
     bands' ``BandRule``) of a step."""
     positions, r = band_positions(call)  # [B, 1, 3], [B, 1]
     anchor = (call.key.shape[2] - 1) - r
-    rule = BandRule(anchor, call.form.chunks(call.params), rows, rule_constants(call, rows))
+    rule = BandRule(anchor, call.form.chunks(call.params), rows, rule_constants(call, rows), padding)
     cos, sin = step_cos_sin(positions, freq)
     return cos, sin, cos[:, :, 0], sin[:, :, 0], rule
 
 
-def chunk_decode(call: Call, scale: float) -> torch.Tensor:
-    """One query after a cache, [B, H, 1, dv] (module docstring)."""
+def chunk_decode(call: Call, scale: float, padding: Padding | None = None) -> torch.Tensor:
+    """One query after a cache, [B, H, 1, dv] (module docstring); ``padding``: keys before a row's first hidden."""
     b, h, _, d = call.query.shape
     kv, kv_heads = call.key.shape[2], call.key.shape[1]
     groups = h // kv_heads
     freq = signed_freq(call, call.inv_freq, "key", d)
-    key = ("chunks", d, kv, groups, call.query.dtype)
-    cos, sin, key_cos, key_sin, rule = per_step(call, key, lambda: step_angles_and_rule(call, freq, groups))
+    key = ("chunks", d, kv, groups, call.query.dtype, None if padding is None else id(padding))  # a step's mask
+    cos, sin, key_cos, key_sin, rule = per_step(call, key, lambda: step_angles_and_rule(call, freq, groups, padding))
     partner = partner_index(call, call.inv_freq.shape[-1], d)
     q = turn_step(call.query.view(b, kv_heads, 1, groups, d), cos, sin, partner)  # [B, Hkv, 3, g, d]
     new = turn_step(call.key.narrow(2, kv - 1, 1), key_cos, key_sin, partner)  # by r = m mod c

@@ -19,6 +19,7 @@ import torch
 from ..methods.form import origin
 from .call import Call
 from .kernels import attend_piece
+from .padding import Padding
 from .piece import Piece, needs_grad
 from .step_turns import partner_index, per_step, signed_freq, step_cos_sin, turn_step
 from .two_band import far_keys, near_keys
@@ -53,8 +54,15 @@ def merge_two(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch
     return torch.lerp(o2, o1, weight.to(o1.dtype))
 
 
-def two_band_decode(call: Call, scale: float) -> torch.Tensor:
-    """Both bands of one query, [B, H, 1, dv] (module docstring)."""
+def pieces(padding: Padding | None, reach: int, kv: int) -> tuple[Piece, Piece]:
+    """(near piece over keys [reach, kv), far piece over keys [0, reach)), hiding a row's padding (None: none)."""
+    if padding is None:
+        return Piece(), Piece()
+    return Piece(rule=padding.rule(reach, kv)), Piece(rule=padding.rule(0, reach))
+
+
+def two_band_decode(call: Call, scale: float, padding: Padding | None = None) -> torch.Tensor:
+    """Both bands of one query, [B, H, 1, dv] (module docstring); ``padding``: keys before a row's first hidden."""
     b, h, _, d = call.query.shape
     kv, kv_heads = call.key.shape[2], call.key.shape[1]
     reach = kv - int(call.params["window"])  # keys [reach, kv) are in the window
@@ -65,6 +73,7 @@ def two_band_decode(call: Call, scale: float) -> torch.Tensor:
     new = turn_step(call.key.narrow(2, kv - 1, 1), cos, sin, partner).unbind(0)  # R(m) k, R(f(m)) k, R(g(m)) k
     near_k = near_keys(call, reach, new[0])
     far_k = far_keys(call, kv - 1, new[-1] if cos.shape[0] > 2 else None, stop=reach)
-    near = attend_piece(q_near, near_k, call.value.narrow(2, reach, kv - reach), Piece(), scale)
-    far = attend_piece(q_far, far_k, call.value.narrow(2, 0, reach), Piece(), scale)
+    near_piece, far_piece = pieces(padding, reach, kv)
+    near = attend_piece(q_near, near_k, call.value.narrow(2, reach, kv - reach), near_piece, scale)
+    far = attend_piece(q_far, far_k, call.value.narrow(2, 0, reach), far_piece, scale)  # lse ~ -3e38 if all hidden
     return merge_two(near, far).view(b, h, 1, -1)

@@ -16,6 +16,7 @@ import functools
 
 import torch
 
+from ..mask_formats import step_padding
 from ..methods.form import AttentionForm, Band
 from .call import Call
 from .chunk_bands import chunked, positions_if_chunked
@@ -23,6 +24,7 @@ from .chunk_decode import chunk_decode
 from .decode import decoding, two_band_decode
 from .kernels import kernel_for
 from .masked import two_band_masked
+from .padding import Padding, step_padding_of
 from .single_band import rotated_keys, single_band
 from .single_band_decode import decode_step
 from .two_band import two_band_regular
@@ -52,19 +54,30 @@ def regular(call: Call, mask) -> bool:
     return bool((base == start).all() and (queries == start).all())
 
 
+def left_padded_step(call: Call, mask, causal: bool) -> Padding | None:
+    """The ``Padding`` of a decode step whose mask hides only keys before each row's first seen one, else None."""
+    one_row = call.query.shape[2] == 1 and mask is not None and mask.ndim == 4 and tuple(mask.shape[1:3]) == (1, 1)
+    if not (one_row and causal) or step_padding(mask) != "left":  # read once a step (crop_empty_slots read it)
+        return None
+    return step_padding_of(mask, call.query.shape[0], call.query.dtype)
+
+
 def run(call: Call, module, mask, causal: bool, scale: float, dropout: float, training: bool):
     """The output [B, H, q, dv], or None where the fast engine does not apply."""
     kind = plan_of(call.form)
     if kind is None or kernel_for(call.query.device) is None or (training and dropout > 0):
         return None
+    padding = left_padded_step(call, mask, causal)
+    one_step = call.query.shape[2] == 1 and causal and (mask is None or padding is not None)
     if kind == "single":
-        one_step = call.query.shape[2] == 1 and mask is None and causal
-        return decode_step(call, scale) if one_step else single_band(call, mask, causal, scale)
-    if kind == "chunks" and call.query.shape[2] == 1 and mask is None and causal:
-        return chunk_decode(call, scale)
+        return decode_step(call, scale, padding) if one_step else single_band(call, mask, causal, scale)
+    if kind == "chunks" and one_step:
+        return chunk_decode(call, scale, padding)
     if kind == "chunks":
         positions = positions_if_chunked(call) if mask is None and causal else None
         return None if positions is None else chunked(call, *positions, scale)
+    if padding is not None and decoding(call):
+        return two_band_decode(call, scale, padding)
     if mask is None and causal and regular(call, mask):
         return two_band_decode(call, scale) if decoding(call) else two_band_regular(call, scale)
     offset = call.key.shape[2] - call.query.shape[2]

@@ -19,6 +19,7 @@ from .call import Call
 from .decay_and_value_turns import key_log_scale, log_zeta, value_inv_freq
 from .decode import grouped
 from .kernels import attend_piece
+from .padding import Padding
 from .piece import Piece
 from .single_band import decay_half, rotated_keys, rotated_values
 from .step_turns import partner_index, per_step, signed_freq, step_cos_sin, turn_step
@@ -64,8 +65,8 @@ def decayed(call: Call, q, new, cos, sin, partner):
     return turn_step(q, cos * q_scale, sin * q_scale, partner), keys
 
 
-def decode_step(call: Call, scale: float) -> torch.Tensor:
-    """One query after a cache, every key seen: [B, H, 1, dv]."""
+def decode_step(call: Call, scale: float, padding: Padding | None = None) -> torch.Tensor:
+    """One query after a cache, every key seen (``padding``: but those before a row's first): [B, H, 1, dv]."""
     b, h, _, d = call.query.shape
     old_rows = call.key.shape[2] - 1
     q, new = grouped(call.query, call.key.shape[1]), call.key.narrow(2, old_rows, 1)
@@ -74,11 +75,12 @@ def decode_step(call: Call, scale: float) -> torch.Tensor:
         q, keys = turn_step(q, cos, sin, partner), rotated_keys(call, old_rows, turn_step(new, cos, sin, partner))
     else:
         q, keys = decayed(call, q, new, cos, sin, partner)
+    piece = Piece() if padding is None else Piece(rule=padding.rule(0, old_rows + 1))
     if call.form.values is None:
-        return attend_piece(q, keys, call.value, Piece(), scale)[0].view(b, h, 1, -1)
+        return attend_piece(q, keys, call.value, piece, scale)[0].view(b, h, 1, -1)
     dv, value_freq = call.value.shape[-1], value_inv_freq(call)
     shared = value_freq is call.inv_freq and dv == d  # the values turn as the keys: the same angles
     v_cos, v_sin, v_partner = (cos, sin, partner) if shared else angles(call, value_freq, "value", dv)
     values = rotated_values(call, old_rows, turn_step(call.value.narrow(2, old_rows, 1), v_cos, v_sin, v_partner))
-    out = attend_piece(q, keys, values, Piece(), scale)[0]  # [B, Hkv, g, dv]
+    out = attend_piece(q, keys, values, piece, scale)[0]  # [B, Hkv, g, dv]
     return turn_step(out, v_cos, v_sin, v_partner, back=True).view(b, h, 1, -1)
