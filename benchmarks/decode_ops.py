@@ -16,7 +16,7 @@ step (embedding, every layer, head) of a 2-layer tiny Llama (hidden 64, 4 / 2 he
 (what ``generate`` gives these types) holds the prompt, and gives each type's operations per layer beyond the stock
 model's (``default``): what the attention functions add, layers sharing what a step computes once. With
 ``--padded N`` the step is one of a batch of two rows, the first left-padded by N tokens, as ``generate`` steps a
-padded batch.
+padded batch; with ``--static`` the cache is a static one (16 slots to spare), stepped eagerly.
 """
 
 from __future__ import annotations
@@ -137,11 +137,12 @@ def next_inputs(inputs: dict, logits: torch.Tensor) -> dict:
     return step
 
 
-def model_step_ops(name: str, cached: int, large: int, layers: int = 2, padded: int = 0) -> Counted:
+def model_step_ops(name: str, cached: int, large: int, layers: int = 2, padded: int = 0, static: bool = False):
     """The counter of the third decode step of a tiny Llama (``tiny_llama``) using ``name`` after ``cached`` tokens
-    (``padded``: of a batch of two rows, the first left-padded by that many, as ``padded_inputs``)."""
+    (``padded``: of a batch of two rows, the first left-padded by that many, as ``padded_inputs``; ``static``: on a
+    static cache with 16 slots to spare, stepped eagerly)."""
     model = tiny_llama(bench.TYPES[name], layers)
-    cache = hf_rope_ext.rope_cache(model)
+    cache = hf_rope_ext.rope_cache(model, cached + 16 if static else None)
     keyword = {hf_rope_ext.cache_keyword(model): cache}
     inputs = padded_inputs(cached, padded)
     with torch.no_grad():
@@ -156,9 +157,10 @@ def model_step_ops(name: str, cached: int, large: int, layers: int = 2, padded: 
 
 def model_table(args) -> None:
     """Operations of a whole step per type, and per layer beyond the stock model's."""
-    stock_counter = model_step_ops("default", args.cached, args.large, args.layers, args.padded)
+    stock_counter = model_step_ops("default", args.cached, args.large, args.layers, args.padded, args.static)
     stock = sum(stock_counter.ops.values())
     batch = f", 2 rows, one left-padded by {args.padded}" if args.padded else ""
+    batch += ", static cache" if args.static else ""
     print(
         f"| rope_type | operations per model step (after {args.cached} tokens, {args.layers} layers{batch}) "
         "| beyond stock, per layer | host syncs |"
@@ -166,7 +168,7 @@ def model_table(args) -> None:
     print("| --- | ---: | ---: | ---: |")
     print(f"| default | {stock} | 0.0 | {stock_counter.syncs} |")
     for name in [n for n in args.types if n != "default"]:
-        counter = model_step_ops(name, args.cached, args.large, args.layers, args.padded)
+        counter = model_step_ops(name, args.cached, args.large, args.layers, args.padded, args.static)
         total = sum(counter.ops.values())
         print(f"| {name} | {total} | {(total - stock) / args.layers:.1f} | {counter.syncs} |", flush=True)
 
@@ -181,9 +183,12 @@ def main(argv=None) -> int:
     parser.add_argument("--model", action="store_true", help="count whole decode steps of a tiny Llama instead")
     parser.add_argument("--layers", type=int, default=2, help="layers of --model's Llama")
     parser.add_argument("--padded", type=int, default=0, help="--model: a batch of two, one left-padded by this")
+    parser.add_argument("--static", action="store_true", help="--model: on a static cache, stepped eagerly")
     args = parser.parse_args(argv)
     if args.padded and not (args.model and 0 < args.padded < args.cached):
         parser.error(f"--padded {args.padded} needs --model and 0 < --padded < --cached ({args.cached})")
+    if args.static and not args.model:
+        parser.error("--static counts a whole model's step: add --model")
     if args.model:
         model_table(args)
         return 0

@@ -251,28 +251,34 @@ def test_a_block_mask_per_head_is_refused():
 
 
 def test_a_decode_steps_mask_is_read_once_for_every_layer_it_is_handed(monkeypatch):
-    """``step_padding``: "none", "left" (left padding, a sliding window) or "other" (a hole, a static cache's unfilled
-    end), bool or additive; each of a few masks handed in turn (full and sliding-window layers) read once, a mask
-    written in place read again."""
+    """``step_padding``: (the end of what rows see, "none" / "left" (left padding, a sliding window) / "other" (a
+    hole), the mask cut at the end), bool or additive; a static cache's unfilled end cut off and its cut mask read as
+    its own; each of a few masks handed in turn (full and sliding-window layers) read once (twice with an unfilled
+    end), one written in place read again."""
     reads = []
     tolist = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(1) or tolist(t))
     seen = torch.ones(2, 1, 1, 8, dtype=torch.bool)
-    left, window, hole, unfilled = seen.clone(), seen.clone(), seen.clone(), seen.clone()
+    left, window, hole, unfilled, padded_unfilled = (seen.clone() for _ in range(5))
     left[0, ..., :3] = False
     window[..., :5] = False
     hole[1, ..., 4] = False
     unfilled[..., 6:] = False
+    padded_unfilled[..., 6:] = False
+    padded_unfilled[1, ..., :2] = False
     additive = torch.zeros(left.shape).masked_fill(~left, torch.finfo(torch.float32).min)
-    kinds = {"none": seen, "left": left, "window": window, "hole": hole, "unfilled": unfilled, "additive": additive}
-    expected = dict(none="none", left="left", window="left", hole="other", unfilled="other", additive="left")
-    for layer in range(3):
-        for name in ("none", "left", "window", "additive"):
-            assert mask_formats.step_padding(kinds[name]) == expected[name], name
-    assert len(reads) == 4
-    assert [mask_formats.step_padding(kinds[name]) for name in ("hole", "unfilled")] == ["other", "other"]
+    masks = dict(none=seen, left=left, window=window, additive=additive, unfilled=unfilled, both=padded_unfilled)
+    expected = dict(none=(8, "none"), left=(8, "left"), window=(8, "left"), additive=(8, "left"))
+    expected.update(unfilled=(6, "none"), both=(6, "left"))
+    for _layer in range(3):
+        for name, mask in masks.items():
+            end, kind, cut = mask_formats.step_padding(mask)
+            assert (end, kind) == expected[name] and torch.equal(cut, mask[..., :end]), name
+            assert mask_formats.step_padding(cut) == (end, kind, cut), name  # the cut one known as it is
+    assert len(reads) == 4 + 2 * 2  # a static cache's unfilled end: read twice, once a step
+    assert mask_formats.step_padding(hole)[:2] == (8, "other") and len(reads) == 10
     left[0, ..., 3:] = False
     left[0, ..., -1] = True
-    assert mask_formats.step_padding(left) == "left" and len(reads) == 7
+    assert mask_formats.step_padding(left)[:2] == (8, "left") and len(reads) == 11
     left[1, ..., 2] = False
-    assert mask_formats.step_padding(left) == "other"
+    assert mask_formats.step_padding(left)[:2] == (8, "other")

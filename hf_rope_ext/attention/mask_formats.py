@@ -141,7 +141,7 @@ def causal_on_cache(mask, q_len: int, kv_len: int):
     return mask
 
 
-MASKS_KEPT = 4  # masks whose reads are kept: a model may hand its layers a few (full and sliding-window layers)
+MASKS_KEPT = 8  # masks whose reads are kept: a model may hand its layers a few (full and sliding-window layers, cut)
 _PER_MASK: list = []  # [(weak reference to a mask, its version, {key: value})], the newest last
 
 
@@ -171,15 +171,33 @@ def seen_keys(mask: torch.Tensor) -> torch.Tensor:
     return allowed.reshape(allowed.shape[0], allowed.shape[-1])
 
 
-def step_padding(mask: torch.Tensor) -> str:
-    """What a decode step's mask [B or 1, 1, 1, kv] hides, read once for all the layers handed it (``per_mask``):
-    "none" (every key seen), "left" (each row sees the keys from some index on, the newest included: left padding,
-    a sliding window) or "other"."""
+def hidden_first(seen: torch.Tensor) -> torch.Tensor:
+    """[2] int64 of seen [B or 1, kv] bool: (every key seen, each row sees the keys from some index on, the last
+    included)."""
+    suffix = (seen[:, 1:] >= seen[:, :-1]).all() & seen[:, -1].all()  # never hidden after a seen key
+    return torch.stack((seen.all(), suffix)).long()
 
-    def read() -> str:
-        seen = seen_keys(mask)
-        suffix = (seen[:, 1:] >= seen[:, :-1]).all() & seen[:, -1].all()  # never hidden after a seen key
-        every, left = torch.stack((seen.all(), suffix)).tolist()
-        return "none" if every else "left" if left else "other"
+
+def step_padding(mask: torch.Tensor) -> tuple[int, str, torch.Tensor]:
+    """What a decode step's mask [B or 1, 1, 1, kv] hides, read once for all the layers handed it (``per_mask``):
+    (end: past the last key a row sees, a static cache's filled length; what the mask's first ``end`` keys hide:
+    "none", "left" (each row sees the keys from some index on, the newest included: left padding, a sliding window)
+    or "other"; the mask cut to ``end``, known to ``per_mask`` as such, so the layers read nothing more from it).
+    One read where the newest key is seen (a dynamic cache), two where it is not (a static cache's unfilled end)."""
+
+    def read() -> tuple[int, str, torch.Tensor]:
+        seen = seen_keys(mask)  # [B or 1, kv]
+        kv = seen.shape[-1]
+        every, left = hidden_first(seen).tolist()
+        if every or left:
+            return kv, "none" if every else "left", mask
+        end = kv - seen.any(0).flip(0).to(torch.uint8).argmax()  # past the last seen key (none seen: kv)
+        filled = seen | (torch.arange(kv, device=seen.device) >= end)  # the unfilled end counted as seen
+        end, every, left = torch.cat((end.view(1), hidden_first(filled))).tolist()
+        kind = "none" if every else "left" if left else "other"
+        if end == kv or kind == "other":
+            return end, kind, mask
+        cut = mask[..., :end]
+        return per_mask(cut, "step_padding", lambda: (end, kind, cut))
 
     return per_mask(mask, "step_padding", read)

@@ -109,16 +109,18 @@ def crop_empty_slots(query, key, value, mask):
     """(key, value, mask) without the key slots no query may see at the end (a static cache's unfilled slots),
     and without a mask when a single query sees every key left (a static cache's decode step, as a dynamic
     cache's). No mask, several queries, more keys: an empty static cache, which sdpa crops to the first q_len slots.
-    A decode step whose every row sees the newest key (left padding, a dynamic cache) keeps its keys and mask as
-    they are, read once for all the layers of the step (``mask_formats.step_padding``).
+    A decode step's mask is read once for all the layers of the step (``mask_formats.step_padding``): where it hides
+    only each row's first keys besides the unfilled end, the mask cut there is handed on (left padding).
     """
     q_len, kv = query.shape[2], key.shape[2]
     if mask is None:
         short = q_len > 1 and kv > q_len
         return (key[:, :, :q_len], value[:, :, :q_len], None) if short else (key, value, None)
-    padding = step_padding(mask) if q_len == 1 and tuple(mask.shape[1:3]) == (1, 1) else "other"
-    if padding != "other":  # one query seeing the newest key: nothing unfilled after it (read once a step)
-        return key, value, None if padding == "none" else mask
+    if q_len == 1 and tuple(mask.shape[1:3]) == (1, 1):  # a decode step: read once for all its layers
+        end, padding, cut = step_padding(mask)
+        if padding != "other":
+            key, value = (key, value) if end == kv else (key.narrow(2, 0, end), value.narrow(2, 0, end))
+            return key, value, None if padding == "none" else cut
     allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
     if allowed.shape[:-1].numel() == 1:  # one query, one mask row (a static cache's decode step): a prefix?
         filled = int(allowed.count_nonzero())

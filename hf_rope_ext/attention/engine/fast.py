@@ -57,7 +57,7 @@ def regular(call: Call, mask) -> bool:
 def left_padded_step(call: Call, mask, causal: bool) -> Padding | None:
     """The ``Padding`` of a decode step whose mask hides only keys before each row's first seen one, else None."""
     one_row = call.query.shape[2] == 1 and mask is not None and mask.ndim == 4 and tuple(mask.shape[1:3]) == (1, 1)
-    if not (one_row and causal) or step_padding(mask) != "left":  # read once a step (crop_empty_slots read it)
+    if not (one_row and causal) or step_padding(mask)[1] != "left":  # read once a step (crop_empty_slots read it)
         return None
     return step_padding_of(mask, call.query.shape[0], call.query.dtype)
 
