@@ -1,7 +1,7 @@
-"""The fast engine's decode step of the chunked forms (Dual Chunk Attention): one query after a cache, no mask, its
-three bands as the rows of one kernel call over every key, each row seeing its band's keys through a mask built on
-the device, the rows merged by their log-sum-exps. Nothing is read back from the device (the prefill's plan,
-``chunk_bands``, reads the chunk boundaries; a step needs none).
+"""The fast engine's decode step of the chunked forms (Dual Chunk Attention): one query after a cache (its mask, if any,
+hiding only each row's first keys: left padding, ``padding``), its three bands as the rows of one kernel call over every
+key, each row seeing its band's keys through a mask built on the device, the rows merged by their log-sum-exps. Nothing
+is read back from the device (the prefill's plan, ``chunk_bands``, reads the chunk boundaries; a step needs none).
 
 The query at m, r = m mod c, meets the key at distance t = m - n (keys consecutive up to the query, as a step without
 a mask has them: ``call``) in chunk gap ceil((t - r) / c) clamped to 2: band 0 where t <= r, band 1 where r < t <= r

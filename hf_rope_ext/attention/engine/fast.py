@@ -1,13 +1,15 @@
 """The fast engine: every declared band as standard attention pieces that return their log-sum-exp, merged by
 it, with no dense [q, kv] score or mask, on every device with a kernel in ``kernels.KERNELS`` (CPU, CUDA).
 
-Which plan runs: one-band forms (xPos, RoPER, plain RoPE of the dynamic types) ``single_band``; two-band forms
-(near band ``"window"`` at true positions, far band ``"beyond"``) ``decode.two_band_decode`` for one query after
-a long cache, ``two_band.two_band_regular`` for regular positions without a mask, ``masked.two_band_masked``
-otherwise; chunked forms (Dual Chunk Attention) ``chunk_bands.chunked`` without a mask on increasing positions
-(consecutive, or skip-wise as PoSE trains), the same in every row. Not taken (``run`` returns None, the reference
-engine runs): dropout while training, a device without a kernel, a declaration none of these plans covers, a
-chunked form with a mask or positions that do not increase.
+Which plan runs: one-band forms (xPos, RoPER, plain RoPE of the dynamic types) ``single_band``, or
+``single_band_decode`` for one query on a cache; two-band forms (near band ``"window"`` at true positions, far band
+``"beyond"``) ``decode.two_band_decode`` for one query after a long cache, ``two_band.two_band_regular`` for regular
+positions without a mask, ``masked.two_band_masked`` otherwise; chunked forms (Dual Chunk Attention)
+``chunk_decode`` for one query on a cache, ``chunk_bands.chunked`` without a mask on increasing positions
+(consecutive, or skip-wise as PoSE trains), the same in every row. The one-query plans take no mask or one hiding
+only each row's first keys (left padding: ``padding``). Not taken (``run`` returns None, the reference engine runs):
+dropout while training, a device without a kernel, a declaration none of these plans covers, a chunked form with
+another mask or positions that do not increase.
 """
 
 from __future__ import annotations

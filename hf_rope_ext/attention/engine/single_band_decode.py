@@ -1,7 +1,8 @@
-"""The fast engine's decode step of the one-band forms (xPos, RoPER, plain RoPE of the dynamic types): one query
-after a cache, no mask, every key seen; the query and the new key (and RoPER's new value) turned at the query's
-position m in one pass each (``step_turns``), the cached rows remembered (``rotated_cache``), one kernel call with
-the query heads of each kv head as its rows. On a cache layer's rows nothing is read back from the device.
+"""The fast engine's decode step of the one-band forms (xPos, RoPER, plain RoPE of the dynamic types): one query after a
+cache, every key seen (or all but each row's first: left padding, ``padding``); the query and the new key (and RoPER's
+new value) turned at the query's position m in one pass each (``step_turns``), the cached rows remembered
+(``rotated_cache``), one kernel call with the query heads of each kv head as its rows. On a cache layer's rows nothing
+is read back from the device.
 
 xPos's reference is a key index, not a position: keys are held scaled by zeta^((R - j)/s), j the key's index and R
 the multiple of ``decay_half`` just above the newest index, and the query by zeta^((kv - 1 - R)/s); with positions
