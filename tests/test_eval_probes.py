@@ -19,16 +19,6 @@ from hf_rope_ext.train import retrieval
 LENGTH = 640  # bytes (ByT5 tokens): ten times the tiny model's 64 positions
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(probe_llama):
-    return probe_llama
-
-
-@pytest.fixture(scope="module")
-def tokenizer(probe_tokenizer):
-    return probe_tokenizer
-
-
 @pytest.mark.parametrize(
     "hits, n, lo, hi",
     [
@@ -54,14 +44,14 @@ def test_a_target_is_met_only_when_the_lower_bound_clears_it():
         intervals.wilson(11, 10)
 
 
-def test_the_dev_split_is_the_probe_of_every_earlier_figure(tokenizer):
+def test_the_dev_split_is_the_probe_of_every_earlier_figure(probe_tokenizer):
     """Dev prompt p of P: the keys ``passkeys(P k, seed 0)`` in order, the regular grid of depths, the dev objects and
     question, built by ``multikey.prompt_ids`` exactly as the earlier cells built them."""
     for kind, k in splits.KINDS.items():
-        chosen = splits.prompts(tokenizer, "dev", kind, LENGTH, 4)
+        chosen = splits.prompts(probe_tokenizer, "dev", kind, LENGTH, 4)
         keys = multikey.prompt_keys(4, k, 0)
         for p, prompt in enumerate(chosen):
-            assert prompt.ids == multikey.prompt_ids(tokenizer, LENGTH, keys[p], multikey.depths(k, p, 4))
+            assert prompt.ids == multikey.prompt_ids(probe_tokenizer, LENGTH, keys[p], multikey.depths(k, p, 4))
             assert [n.key for n in prompt.needles] == keys[p]
             assert [n.question for n in prompt.needles] == [
                 multikey.QUESTION.format(name=name) for name in multikey.OBJECTS[:k]
@@ -69,12 +59,12 @@ def test_the_dev_split_is_the_probe_of_every_earlier_figure(tokenizer):
 
 
 @pytest.mark.parametrize("kind", sorted(splits.KINDS))
-def test_a_test_prompt_plants_each_key_once_in_its_slot_and_asks_about_it(tokenizer, kind):
+def test_a_test_prompt_plants_each_key_once_in_its_slot_and_asks_about_it(probe_tokenizer, kind):
     k = splits.KINDS[kind]
     for p in range(6):
-        prompt = splits.test_prompt(tokenizer, k, LENGTH, p)
-        text = tokenizer.decode(prompt.ids)
-        longest = max(len(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in splits.TEST_FILLER)
+        prompt = splits.test_prompt(probe_tokenizer, k, LENGTH, p)
+        text = probe_tokenizer.decode(prompt.ids)
+        longest = max(len(probe_tokenizer(s, add_special_tokens=False)["input_ids"]) for s in splits.TEST_FILLER)
         assert LENGTH - longest < len(prompt.ids) <= LENGTH
         assert [text.count(str(n.key)) for n in prompt.needles] == [1] * k
         assert [text.index(str(n.key)) for n in prompt.needles] == sorted(
@@ -89,10 +79,10 @@ def test_a_test_prompt_plants_each_key_once_in_its_slot_and_asks_about_it(tokeni
             assert sum(t.strip() in text for t in planted) == 1  # its own wording, naming the object asked about
 
 
-def test_a_test_prompt_depends_on_its_index_alone(tokenizer):
+def test_a_test_prompt_depends_on_its_index_alone(probe_tokenizer):
     """Prompt p is the same whether 3 or 30 are asked (a run can be extended or resumed), and prompts differ."""
-    few = splits.prompts(tokenizer, "test", "classic", LENGTH, 3)
-    many = splits.prompts(tokenizer, "test", "classic", LENGTH, 8)
+    few = splits.prompts(probe_tokenizer, "test", "classic", LENGTH, 3)
+    many = splits.prompts(probe_tokenizer, "test", "classic", LENGTH, 8)
     assert few == many[:3]
     assert len({tuple(p.ids) for p in many}) == 8 and len({p.needles[0].key for p in many}) == 8
 
@@ -151,10 +141,10 @@ def test_a_hit_is_the_key_and_no_more_digits():
     assert probes.answer_tokens(4821) == 6
 
 
-def test_a_run_resumes_where_its_log_stops_and_ignores_other_cells(tiny_dir, tokenizer, tmp_path, monkeypatch):
+def test_a_run_resumes_where_its_log_stops_and_ignores_other_cells(probe_llama, probe_tokenizer, tmp_path, monkeypatch):
     """Every answered prompt is logged at once; a second run asks only what the log lacks, a run of another cell or
     with another prompt under the same id asks again, and the record counts every probe of the run."""
-    model = load_model(tiny_dir)
+    model = load_model(probe_llama)
     asked = []
     read = probes.read_prompts
 
@@ -164,10 +154,10 @@ def test_a_run_resumes_where_its_log_stops_and_ignores_other_cells(tiny_dir, tok
 
     monkeypatch.setattr(probes, "read_prompts", counting)
     log = probes.ProbeLog(tmp_path / "log.jsonl", {"model": "a"})
-    first = probes.run_probes(model, tokenizer, "test", "multikey", LENGTH, 2, log, progress=False)
-    again = probes.run_probes(model, tokenizer, "test", "multikey", LENGTH, 3, log, progress=False)
+    first = probes.run_probes(model, probe_tokenizer, "test", "multikey", LENGTH, 2, log, progress=False)
+    again = probes.run_probes(model, probe_tokenizer, "test", "multikey", LENGTH, 3, log, progress=False)
     other = probes.run_probes(
-        model, tokenizer, "test", "multikey", LENGTH, 1, probes.ProbeLog(log.path, {"model": "b"})
+        model, probe_tokenizer, "test", "multikey", LENGTH, 1, probes.ProbeLog(log.path, {"model": "b"})
     )
     assert asked == [2, 1, 1]
     assert (first["n"], again["n"], other["n"]) == (6, 9, 3)
@@ -177,13 +167,13 @@ def test_a_run_resumes_where_its_log_stops_and_ignores_other_cells(tiny_dir, tok
     lo, hi = intervals.wilson(again["hits"], 9)
     assert again["interval"] == [round(lo, 4), round(hi, 4)]
     monkeypatch.setattr(splits, "TEST_TASK", splits.TEST_TASK + " Take care.")  # the same ids, other prompts
-    probes.run_probes(model, tokenizer, "test", "multikey", LENGTH, 3, log, progress=False)
+    probes.run_probes(model, probe_tokenizer, "test", "multikey", LENGTH, 3, log, progress=False)
     assert asked[-1] == 3
 
 
-def test_the_record_scores_the_answers_by_the_rule_of_this_version(tokenizer, monkeypatch):
+def test_the_record_scores_the_answers_by_the_rule_of_this_version(probe_tokenizer, monkeypatch):
     """Hits are counted from the logged answers (a logged verdict is not trusted), misses named with their answer."""
-    chosen = splits.prompts(tokenizer, "dev", "classic", LENGTH, 2)
+    chosen = splits.prompts(probe_tokenizer, "dev", "classic", LENGTH, 2)
     per_prompt = [
         [[0.25, chosen[0].needles[0].key, f" {chosen[0].needles[0].key}.", False]],
         [[0.75, 123, " 1234", True]],
@@ -193,8 +183,8 @@ def test_the_record_scores_the_answers_by_the_rule_of_this_version(tokenizer, mo
     assert record["misses"] == [[0.75, 123, " 1234"]] and record["by_depth"] == [[0.25, 1.0], [0.75, 0.0]]
 
 
-def test_eval_probes_writes_counts_intervals_a_plot_and_a_log(tiny_dir, tmp_path, capsys):
-    argv = ["eval", "--model", str(tiny_dir), "--probes", "classic,multikey", "--split", "test", "--samples", "2"]
+def test_eval_probes_writes_counts_intervals_a_plot_and_a_log(probe_llama, tmp_path, capsys):
+    argv = ["eval", "--model", str(probe_llama), "--probes", "classic,multikey", "--split", "test", "--samples", "2"]
     argv += ["--lengths", "640,1280", "--no-progress", "--rope-type", "rerope", "--rope-param", "window=16"]
     out = [f"--{flag}={tmp_path / name}" for flag, name in (("json", "r.json"), ("plot", "r.png"), ("log", "l.jsonl"))]
     assert main([*argv, *out]) == 0
@@ -224,8 +214,8 @@ def test_eval_probes_writes_counts_intervals_a_plot_and_a_log(tiny_dir, tmp_path
         (["--probes", "classic", "--ruler"], "--probes with --ruler"),
     ],
 )
-def test_bad_probe_flags_are_refused_by_name(tiny_dir, capsys, extra, message):
-    assert main(["eval", "--model", str(tiny_dir), "--lengths", "128", *extra]) == 2
+def test_bad_probe_flags_are_refused_by_name(probe_llama, capsys, extra, message):
+    assert main(["eval", "--model", str(probe_llama), "--lengths", "128", *extra]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and message in err.strip().splitlines()[-1]
 
