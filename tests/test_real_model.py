@@ -187,3 +187,25 @@ def test_the_shipped_adapter_bundled_loads_right_in_stock_peft(real_model_dir, t
     alone = AutoPeftModelForCausalLM.from_pretrained(str(pointed), dtype=torch.float32).eval()
     assert alone.config.rope_parameters["rope_type"] == "default" and alone.config.max_position_embeddings == 8192
     torch.testing.assert_close(logits(alone), expected, rtol=1e-4, atol=1e-3)  # the adapter applied, inside the window
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "self_extend", "window": 64, "group_size": 4},
+    {"rope_type": "rerope", "window": 64},
+    {"rope_type": "dual_chunk", "chunk_size": 96, "local_size": 32},
+    {"rope_type": "xpos", "scale_base": 512},
+], ids=lambda r: r["rope_type"])  # fmt: skip
+def test_a_left_padded_batch_generates_on_the_real_model_as_each_row_alone(real_model_dir, rope):
+    """Two prompts of 200 and 40 tokens in one left-padded batch, windows shorter than both (the short row's far band
+    empty at first): every greedy token and the last step's logits as each prompt generates alone."""
+    model = load(real_model_dir, rope_parameters={"rope_theta": 100000.0, **rope}, attn_implementation="sdpa")
+    long, short = torch.tensor([IDS[:200]]), torch.tensor([IDS[100:140]])
+    ids = torch.cat((long, torch.cat((torch.zeros(1, 160, dtype=torch.long), short), -1)))
+    mask = torch.ones_like(ids)
+    mask[1, :160] = 0
+    kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    batch = model.generate(ids, attention_mask=mask, **kwargs)
+    for row, alone_ids in enumerate((long, short)):
+        alone = model.generate(alone_ids, **kwargs)
+        assert torch.equal(batch.sequences[row, ids.shape[1] :], alone.sequences[0, alone_ids.shape[1] :]), row
+        torch.testing.assert_close(batch.logits[-1][row], alone.logits[-1][0], rtol=0, atol=2e-4)
