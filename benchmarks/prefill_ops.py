@@ -46,9 +46,10 @@ def prefill_ops(name: str, length: int, head_dim: int, cpu_pieces: bool = False)
     q = bench.random((1, bench.HEADS, length, head_dim), torch.bfloat16, "cpu", 0)
     k, v = (bench.random((1, bench.KV_HEADS, length, head_dim), torch.bfloat16, "cpu", s) for s in (1, 2))
     positions = torch.arange(length)[None]
-    call = lambda: ALL_ATTENTION_FUNCTIONS["sdpa"](
-        module, q, k, v, None, scaling=head_dim**-0.5, position_ids=positions
-    )  # noqa: E731
+
+    def call():
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, None, scaling=head_dim**-0.5, position_ids=positions)
+
     with torch.no_grad():
         call()  # the first call forms the layer's constants (its frequencies, the rotation's tag)
         with decode_ops.Counted(10**15) as counter:

@@ -178,6 +178,11 @@ def hidden_first(seen: torch.Tensor) -> torch.Tensor:
     return torch.stack((seen.all(), suffix)).long()
 
 
+def is_step_mask(mask, q_len: int) -> bool:
+    """Whether ``mask`` is a decode step's: one query, a [B or 1, 1, 1, kv] tensor (what ``step_padding`` reads)."""
+    return q_len == 1 and isinstance(mask, torch.Tensor) and mask.ndim == 4 and tuple(mask.shape[1:3]) == (1, 1)
+
+
 def step_padding(mask: torch.Tensor) -> tuple[int, str, torch.Tensor]:
     """What a decode step's mask [B or 1, 1, 1, kv] hides, read once for all the layers handed it (``per_mask``):
     (end: past the last key a row sees, a static cache's filled length; what the mask's first ``end`` keys hide:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..mask_formats import step_padding
+from ..mask_formats import is_step_mask, step_padding
 from ..methods.form import AttentionForm
 from .rotated_cache import Memory
 
@@ -116,7 +116,7 @@ def crop_empty_slots(query, key, value, mask):
     if mask is None:
         short = q_len > 1 and kv > q_len
         return (key[:, :, :q_len], value[:, :, :q_len], None) if short else (key, value, None)
-    if q_len == 1 and tuple(mask.shape[1:3]) == (1, 1):  # a decode step: read once for all its layers
+    if is_step_mask(mask, q_len):  # read once for all the layers of the step
         end, padding, cut = step_padding(mask)
         if padding != "other":
             key, value = (key, value) if end == kv else (key.narrow(2, 0, end), value.narrow(2, 0, end))

@@ -19,8 +19,8 @@ import torch
 from ..methods.form import origin
 from .call import Call
 from .kernels import attend_piece
-from .padding import Padding
-from .piece import Piece, needs_grad
+from .padding import Padding, padded_piece
+from .piece import needs_grad
 from .step_turns import partner_index, per_step, signed_freq, step_cos_sin, turn_step
 from .two_band import far_keys, near_keys
 
@@ -54,13 +54,6 @@ def merge_two(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch
     return torch.lerp(o2, o1, weight.to(o1.dtype))
 
 
-def pieces(padding: Padding | None, reach: int, kv: int) -> tuple[Piece, Piece]:
-    """(near piece over keys [reach, kv), far piece over keys [0, reach)), hiding a row's padding (None: none)."""
-    if padding is None:
-        return Piece(), Piece()
-    return Piece(rule=padding.rule(reach, kv)), Piece(rule=padding.rule(0, reach))
-
-
 def two_band_decode(call: Call, scale: float, padding: Padding | None = None) -> torch.Tensor:
     """Both bands of one query, [B, H, 1, dv] (module docstring); ``padding``: keys before a row's first hidden."""
     b, h, _, d = call.query.shape
@@ -73,7 +66,7 @@ def two_band_decode(call: Call, scale: float, padding: Padding | None = None) ->
     new = turn_step(call.key.narrow(2, kv - 1, 1), cos, sin, partner).unbind(0)  # R(m) k, R(f(m)) k, R(g(m)) k
     near_k = near_keys(call, reach, new[0])
     far_k = far_keys(call, kv - 1, new[-1] if cos.shape[0] > 2 else None, stop=reach)
-    near_piece, far_piece = pieces(padding, reach, kv)
-    near = attend_piece(q_near, near_k, call.value.narrow(2, reach, kv - reach), near_piece, scale)
-    far = attend_piece(q_far, far_k, call.value.narrow(2, 0, reach), far_piece, scale)  # lse ~ -3e38 if all hidden
+    near_value, far_value = call.value.narrow(2, reach, kv - reach), call.value.narrow(2, 0, reach)
+    near = attend_piece(q_near, near_k, near_value, padded_piece(padding, reach, kv), scale)
+    far = attend_piece(q_far, far_k, far_value, padded_piece(padding, 0, reach), scale)  # lse ~ -3e38 if all hidden
     return merge_two(near, far).view(b, h, 1, -1)

@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from ..mask_formats import step_padding
+from ..mask_formats import is_step_mask, step_padding
 from ..methods.form import AttentionForm, Band
 from .call import Call
 from .chunk_bands import chunked, positions_if_chunked
@@ -58,8 +58,8 @@ def regular(call: Call, mask) -> bool:
 
 def left_padded_step(call: Call, mask, causal: bool) -> Padding | None:
     """The ``Padding`` of a decode step whose mask hides only keys before each row's first seen one, else None."""
-    one_row = call.query.shape[2] == 1 and mask is not None and mask.ndim == 4 and tuple(mask.shape[1:3]) == (1, 1)
-    if not (one_row and causal) or step_padding(mask)[1] != "left":  # read once a step (crop_empty_slots read it)
+    step = causal and is_step_mask(mask, call.query.shape[2])
+    if not step or step_padding(mask)[1] != "left":  # read once a step (crop_empty_slots read it)
         return None
     return step_padding_of(mask, call.query.shape[0], call.query.dtype)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..mask_formats import per_mask, seen_keys
+from .piece import Piece
 
 
 @dataclass(eq=False)
@@ -42,6 +43,11 @@ class Padding:
     def rule(self, start: int, stop: int) -> PaddingRule:
         """The rule of a piece over the cache's keys [start, stop)."""
         return PaddingRule(self.first - start if start else self.first, self.additive[..., start:stop])
+
+
+def padded_piece(padding: Padding | None, start: int, stop: int) -> Piece:
+    """The piece over the cache's keys [start, stop) of a step, hiding each row's padding (None: none)."""
+    return Piece() if padding is None else Piece(rule=padding.rule(start, stop))
 
 
 def step_padding_of(mask: torch.Tensor, batch: int, dtype: torch.dtype) -> Padding:

@@ -20,8 +20,7 @@ from .call import Call
 from .decay_and_value_turns import key_log_scale, log_zeta, value_inv_freq
 from .decode import grouped
 from .kernels import attend_piece
-from .padding import Padding
-from .piece import Piece
+from .padding import Padding, padded_piece
 from .single_band import decay_half, rotated_keys, rotated_values
 from .step_turns import partner_index, per_step, signed_freq, step_cos_sin, turn_step
 
@@ -76,7 +75,7 @@ def decode_step(call: Call, scale: float, padding: Padding | None = None) -> tor
         q, keys = turn_step(q, cos, sin, partner), rotated_keys(call, old_rows, turn_step(new, cos, sin, partner))
     else:
         q, keys = decayed(call, q, new, cos, sin, partner)
-    piece = Piece() if padding is None else Piece(rule=padding.rule(0, old_rows + 1))
+    piece = padded_piece(padding, 0, old_rows + 1)
     if call.form.values is None:
         return attend_piece(q, keys, call.value, piece, scale)[0].view(b, h, 1, -1)
     dv, value_freq = call.value.shape[-1], value_inv_freq(call)
