@@ -19,7 +19,11 @@ elementwise and not timed here, while the package's types rotate inside the call
   step given the mask transformers builds for it (the filled slots), plain RoPE included.
 Every (type, case) is measured once per repeat, types interleaved within each repeat, ``--repeats`` repeats; the
 table gives min and median over repeats (the machine may be shared: min is the better estimate of the cost).
-``--json PATH`` also writes every (case, rope type) record.
+``--json PATH`` also writes every (case, rope type) record. Each row names the kernels its call ran (the first call
+of a case: a prefill's first repeat, a decode's uncounted first step), with the number of calls of each: torch's
+sdpa as the backend torch picked for it (``sdpa:cudnn_attention``, ``sdpa:flash_attention``...: plain's, and the
+one-band types' single calls), the package's pieces by kernel (``kernels.RAN``: ``cudnn_attention`` and the like for
+torch's fused ops called directly, ``flex``, ``cpu_flash``).
 Peak memory: CUDA ``max_memory_allocated`` above the start; CPU the process's peak resident set (VmHWM, reset
 through /proc/self/clear_refs) above the resident set at the start, with glibc told to return every freed block
 of 64 KiB or more to the system at once (``MALLOC_MMAP_THRESHOLD_``, set by re-running itself), so that the
@@ -34,13 +38,16 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 import hf_rope_ext  # registers the rope types
+from hf_rope_ext.attention.engine import kernels
 
 WINDOW = 512
 TYPES = {
@@ -61,14 +68,43 @@ LAST_CALL: list[tuple[float, float]] = []  # (seconds, peak MiB) of the last tim
 
 
 def timed_sdpa(device: str):
-    """An attention function calling whatever is registered as "sdpa" (the package's), timed by ``timed``."""
+    """An attention function calling whatever is registered as "sdpa" (the package's), timed by ``timed`` (its
+    kernels named at a decode's first step: ``module.bench_name``)."""
 
     def attention(module, *args, **kwargs):
         result = []
-        LAST_CALL[:] = [timed(lambda: result.append(ALL_ATTENTION_FUNCTIONS["sdpa"](module, *args, **kwargs)), device)]
+        call = lambda: result.append(ALL_ATTENTION_FUNCTIONS["sdpa"](module, *args, **kwargs))  # noqa: E731
+        LAST_CALL[:] = [timed(call, device, module.bench_name)]
         return result[0]
 
     return attention
+
+
+SDPA = torch.nn.functional.scaled_dot_product_attention
+NAMED: Counter[str] = Counter()  # kernels run while ``naming`` (torch's sdpa by its backend, the package's pieces)
+NAMING = [False]
+
+
+def named_sdpa(*args, **kwargs):
+    """torch's sdpa; while naming, the backend torch picks for the call is counted (its own choice function)."""
+    if NAMING[0]:
+        NAMED["sdpa:" + SDPBackend(torch._fused_sdp_choice(*args, **kwargs)).name.lower()] += 1
+    return SDPA(*args, **kwargs)
+
+
+def naming(function):
+    """``function`` run once with the kernels it runs counted into ``NAMED``."""
+    before = kernels.RAN.copy()
+    NAMING[0] = True
+    try:
+        return function()
+    finally:
+        NAMING[0] = False
+        NAMED.update(kernels.RAN - before)
+
+
+def kernel_names(counts: Counter) -> str:
+    return ", ".join(f"{name} x{n}" for name, n in sorted(counts.items())) or "-"
 
 
 def attention_module(rope: dict, head_dim: int, device: str, dtype: torch.dtype):
@@ -114,12 +150,12 @@ def peak(device: str) -> int:
     return resident_kib("VmHWM") * 1024
 
 
-def timed(function, device: str) -> tuple[float, float]:
-    """(seconds, peak MiB above the start) of one call."""
+def timed(function, device: str, name: bool = False) -> tuple[float, float]:
+    """(seconds, peak MiB above the start) of one call (``name``: its kernels counted into ``NAMED``)."""
     start_bytes = reset_peak(device)
     start = time.perf_counter()
     with torch.no_grad():
-        function()
+        naming(function) if name else function()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return time.perf_counter() - start, (peak(device) - start_bytes) / 2**20
@@ -129,12 +165,12 @@ def random(shape, dtype, device, seed):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device=device, dtype=dtype)
 
 
-def prefill(module, length: int, head_dim: int, dtype, device: str) -> tuple[float, float]:
+def prefill(module, length: int, head_dim: int, dtype, device: str, name=False) -> tuple[float, float]:
     q = random((1, HEADS, length, head_dim), dtype, device, 0)
     k, v = (random((1, KV_HEADS, length, head_dim), dtype, device, s) for s in (1, 2))
     pos = torch.arange(length, device=device)[None]
     function = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    return timed(lambda: function(module, q, k, v, None, scaling=head_dim**-0.5, position_ids=pos), device)
+    return timed(lambda: function(module, q, k, v, None, scaling=head_dim**-0.5, position_ids=pos), device, name)
 
 
 def decode(module, cached: int, head_dim: int, dtype, device: str, steps: int, static=False, plain=False):
@@ -153,9 +189,11 @@ def decode(module, cached: int, head_dim: int, dtype, device: str, steps: int, s
         hidden = random((1, 1, HEADS * head_dim), dtype, device, 10 + step)
         pos = torch.tensor([[cached + step]], device=device)
         mask = (torch.arange(room, device=device) <= cached + step)[None, None, None] if static else None
+        module.bench_name = step == 0  # the uncounted first step names the kernels
         with torch.no_grad():
             keyword = {hf_rope_ext.cache_keyword(module): cache}  # past_key_values up to 5.23, cache from 5.24
             module(hidden, module.bench_rotary(hidden, pos), mask, position_ids=pos, **keyword)
+        module.bench_name = False
         results.append(LAST_CALL[0])
     seconds = statistics.median(r[0] for r in results[1:])
     return seconds, max(r[1] for r in results[1:])
@@ -172,25 +210,29 @@ def cases(args) -> list[tuple[int, str, str, int]]:
     ]
 
 
-def measure_case(args, case) -> dict[str, list[tuple[float, float]]]:
+def measure_case(args, case) -> tuple[dict[str, list[tuple[float, float]]], dict[str, str]]:
+    """(per type, (seconds, peak MiB) of each repeat; per type, the kernels its first call ran)."""
     head_dim, dtype_name, kind, length = case
     dtype = getattr(torch, dtype_name)
     modules = {name: attention_module(TYPES[name], head_dim, args.device, dtype) for name in args.types}
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in args.types}
-    for _ in range(args.repeats):
+    names: dict[str, str] = {}
+    for repeat in range(args.repeats):
         for name in args.types:  # interleaved: every type once per repeat
+            NAMED.clear()
             if kind == "prefill":
-                results[name].append(prefill(modules[name], length, head_dim, dtype, args.device))
+                results[name].append(prefill(modules[name], length, head_dim, dtype, args.device, repeat == 0))
             else:
                 static = kind == "decode-static"
                 results[name].append(
                     decode(modules[name], length, head_dim, dtype, args.device, args.steps, static, args.plain_cache)
                 )
+            names[name] = names.get(name) or kernel_names(NAMED)
             print(f"  {case} {name}: {results[name][-1][0]:.4f} s, {results[name][-1][1]:.0f} MiB", flush=True)
-    return results
+    return results, names
 
 
-def records(case, results) -> list[dict]:
+def records(case, results, names) -> list[dict]:
     """One record per rope type of a case: times (min and median over repeats), ratios to plain, peak MiB."""
     head_dim, dtype, kind, length = case
     base = results["default"]
@@ -202,7 +244,7 @@ def records(case, results) -> list[dict]:
         ratios = {"ratio_min": t_min / base_min, "ratio_median": t_med / base_med}
         peak = {"peak_mib": mem, "peak_ratio": mem / base_mem if base_mem >= 1 else None}  # below 1 MiB: not measured
         what = {"pass": kind, "tokens": length, "head_dim": head_dim, "dtype": dtype, "rope_type": name}
-        found.append({**what, "time_min_s": t_min, "time_median_s": t_med, **ratios, **peak})
+        found.append({**what, "time_min_s": t_min, "time_median_s": t_med, **ratios, **peak, "kernels": names[name]})
     return found
 
 
@@ -211,6 +253,7 @@ def table_rows(found: list[dict]) -> list[str]:
         f"| {r['head_dim']} | {r['dtype']} | {r['pass']} | {r['tokens']} | {r['rope_type']} | {r['time_min_s']:.4f} | "
         f"{r['ratio_min']:.2f} | {r['ratio_median']:.2f} | {r['peak_mib']:.0f} | "
         + (f"{r['peak_ratio']:.2f} |" if r["peak_ratio"] is not None else "- |")
+        + f" {r['kernels']} |"
         for r in found
     ]
 
@@ -250,10 +293,11 @@ def main(argv=None) -> int:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     AttentionInterface.register(TIMED, timed_sdpa(args.device))
+    torch.nn.functional.scaled_dot_product_attention = named_sdpa
     lines = [
         "| head_dim | dtype | pass | tokens | rope_type | time (s, min) | x plain (min) | x plain (median) | "
-        "peak MiB | x plain peak |",
-        "| ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        "peak MiB | x plain peak | kernels (calls) |",
+        "| ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     others = [name for name in args.types if name != "default"]
     summary = [
@@ -262,7 +306,7 @@ def main(argv=None) -> int:
     ]
     found = []
     for case in cases(args):
-        new = records(case, measure_case(args, case))
+        new = records(case, *measure_case(args, case))
         lines += table_rows(new)
         summary.append(compact_row(new))
         found += new

@@ -34,6 +34,14 @@ def attention_table(data: dict) -> list[str]:
     return lines
 
 
+def kernels_table(data: dict) -> list[str]:
+    """One row per case and type: the kernels its call ran (records of bench_attention.py that name them)."""
+    records = [r for r in data["records"] if r.get("kernels")]
+    lines = ["| pass | tokens | dtype | rope_type | kernels (calls) |", "| --- | ---: | --- | --- | --- |"]
+    lines += [f"| {r['pass']} | {r['tokens']} | {r['dtype']} | {r['rope_type']} | {r['kernels']} |" for r in records]
+    return lines if records else []
+
+
 def cell(record: dict | None) -> str:
     if record is None:
         return "-"
@@ -81,6 +89,8 @@ def main(argv=None) -> int:
     if parts["attention"]:
         title = "Attention call, x plain sdpa: time (min over repeats) / peak memory"
         md += ["", title, "", *attention_table(parts["attention"])]
+        named = kernels_table(parts["attention"])
+        md += ["", "Kernels each attention call ran (the first call of a case)", "", *named] if named else []
     if parts["compiled"]:
         title = "Compiled decode (StaticCache): graphed attention step and generate tokens/s, x plain compiled alike"
         md += ["", title, "", *parts["compiled"]["table"]]

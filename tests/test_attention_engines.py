@@ -1,6 +1,7 @@
 """Every method on every engine: the reference engine (eager), the fast engine with the CPU kernel, and the fast
 engine as it runs on CUDA, here on CPU with the CUDA kernel swapped for CPU functions of the same signature and
-meaning (``cuda_twins``: a dense one, and one that reads the block lists as compiled flex_attention does), and for
+meaning (``cuda_twins``: a dense one, one that reads the block lists as compiled flex_attention does, and the CUDA
+kernel's own code taking torch's fused op first, the op a twin), and for
 the CUDA kernel's own code run uncompiled (flex_attention on CPU: forward only, every pair through ``mask_mod``).
 The kernel (``kernels.KERNELS``) and the rows per piece (``kernels.WHOLE_BANDS``: each band one piece on CUDA) are
 what differ between devices; the twin runs take both of CUDA's, so the planning and merging are the CUDA path's.
@@ -14,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import ENGINE_PARAMS_WITH_DYNAMIC_YARN, fast_plans, tiny_model
-from cuda_twins import block_list_kernel, dense_kernel
+from cuda_twins import block_list_kernel, dense_kernel, fused_kernel
+from torch.nn.attention import SDPBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_rope_ext.attention import function
@@ -30,8 +32,13 @@ TYPES = sorted(PARAMS)
 LENGTH = 40
 
 
-CUDA_TWINS = {"dense": dense_kernel, "blocks": block_list_kernel, "flex": flex.flex_kernel()}
-DIFFERENTIABLE_TWINS = ("dense", "blocks")  # uncompiled flex has no backward on CPU
+CUDA_TWINS = {
+    "dense": dense_kernel,
+    "blocks": block_list_kernel,
+    "flex": flex.flex_kernel(),
+    "fused": fused_kernel(SDPBackend.CUDNN_ATTENTION),  # torch's fused op first (``dense_ops``), as on CUDA
+}
+DIFFERENTIABLE_TWINS = ("dense", "blocks", "fused")  # uncompiled flex has no backward on CPU
 
 
 @pytest.fixture(autouse=True)

@@ -17,12 +17,24 @@ from hf_rope_ext.types import registry
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_prefill_and_decode_rows_for_every_type():
+def test_prefill_and_decode_rows_for_every_type(tmp_path):
+    """Every row also names the kernels its call ran: plain's as torch's sdpa picked it, the package's pieces by
+    kernel (on CPU its own kernel), in the printed table, the records and gpu_report.py's table."""
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_attention.py"), "--lengths", "96", "--decode", "600"]
-    command += ["--decode-static", "600"]
+    command += ["--decode-static", "600", "--json", str(tmp_path / "attention.json")]
     command += ["--head-dims", "64", "--dtypes", "float32", "--repeats", "1", "--steps", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=True).stdout
+    named = {
+        (r["pass"], r["rope_type"]): r["kernels"]
+        for r in json.loads((tmp_path / "attention.json").read_text())["records"]
+    }
+    assert named["prefill", "default"] == named["decode", "default"] == "sdpa:flash_attention x1"
+    assert named["prefill", "rerope"].startswith("cpu_flash x") and named["decode", "rerope"] == "cpu_flash x2"
+    assert named["prefill", "xpos"] == "sdpa:flash_attention x1"  # one sdpa call: no piece
+    assert "| rerope | " in out and "| cpu_flash x2 |" in out  # the printed table's kernels column
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_report.py"), str(tmp_path)], check=True, env=env)
+    assert "| decode | 600 | float32 | rerope | cpu_flash x2 |" in (tmp_path / "gpu.md").read_text()
     summary = out.split("x plain sdpa: time")[1].splitlines()
     header = next(line for line in summary if line.startswith("| pass"))
     types = ("rerope", "leaky_rerope", "self_extend", "xpos", "roper", "string", "dual_chunk")

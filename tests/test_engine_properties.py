@@ -3,10 +3,11 @@ hypothesis. A case draws a type (every type the engines rotate, from the registr
 factors, groups, chunks, ramps, the attention temperature), a model shape (batch, GQA ratio, head size, partial
 rotary), a sequence cut into calls on a growing cache (a prefill in pieces, then decode steps), left padding,
 shifted positions, a cache kind (a rotating dynamic or static layer that keeps rotated rows, or a plain cache whose
-rows the engine compares), the kernel (the CPU one, or a CPU twin of the CUDA one with whole bands: ``cuda_twins``),
-the path (eager, or the path a torch.compile trace takes, run uncompiled) and the dtype (float32; bfloat16 against
-the float32 reference on the same rounded inputs, within eight bfloat16 steps of the largest output: the reference
-engine in bfloat16, where the fast one does not apply, rounds each score). Each call's real rows must match.
+rows the engine compares), the kernel (the CPU one, or a CPU twin of the CUDA one with whole bands, with or without
+torch's fused ops first: ``cuda_twins``), the path (eager, or the path a torch.compile trace takes, run uncompiled)
+and the dtype (float32; bfloat16 against the float32 reference on the same rounded inputs, within eight bfloat16
+steps of the largest output: the reference engine in bfloat16, where the fast one does not apply, rounds each
+score). Each call's real rows must match.
 
 CI runs a small fixed budget (profile ``ci``: 150 examples, derandomized, no deadline; about 15 s). By hand, a longer
 search:
@@ -26,11 +27,11 @@ from unittest import mock
 import pytest
 import torch
 from conftest import ENGINE_PARAMS_WITH_DYNAMIC_YARN, tiny_model
-from cuda_twins import block_list_kernel, dense_kernel
+from cuda_twins import block_list_kernel, dense_kernel, fused_kernel
 
 from hf_rope_ext._transformers import cache_layers
 from hf_rope_ext.attention import function
-from hf_rope_ext.attention.engine import kernels
+from hf_rope_ext.attention.engine import dense_ops, kernels
 from hf_rope_ext.types import registry
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -47,7 +48,11 @@ PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 L0 = 64  # the tiny models' max_position_embeddings: windows and chunks below it
 TYPES = sorted({m.name for m in registry.methods() if m.kind == "attention"} | set(ENGINE_PARAMS_WITH_DYNAMIC_YARN))
-TWINS = {"dense": dense_kernel, "blocks": block_list_kernel}
+TWINS = {  # the fused twins: the CUDA kernel's code with each of torch's fused ops as sdpa's choice
+    "dense": dense_kernel,
+    "blocks": block_list_kernel,
+    **{f"fused-{b.name.lower()}": fused_kernel(b) for b in dense_ops.OPS},
+}
 
 
 @st.composite

@@ -9,25 +9,31 @@ the kernel call below differs between devices, and the planning never needs a de
   itself runs on CPU, which also returns the lse, as fast as sdpa (docs/attention-methods.md gives the figures).
   An additive float mask of the query dtype costs what no mask costs, so a window piece takes a small [c, kv]
   mask. Its lse has no gradient: with autograd, :class:`FlashLse` supplies it (see its backward).
-- CUDA: ``torch.nn.attention.flex_attention`` (compiled), with the piece's key range as a block mask built from
-  block indices (``flex.piece_block_mask``: no [c, kv] mask either) and ``return_aux=AuxRequest(lse=True)``. Chosen
-  because it is the one kernel that takes every mask the bands need (window, shifted causal, a given padding mask)
-  and returns the lse with gradients, and because it can be checked without a GPU: uncompiled, flex_attention runs
-  on CPU for small shapes, so the tests compare its masks and lse on CPU. The flash op would serve only the
-  unmasked and causal pieces, and the efficient-attention op has no CPU implementation to check it against.
-  ``benchmarks/gpu.sh`` measures it on a GPU.
+- CUDA: first torch's fused op that sdpa itself would run (cuDNN on Hopper, flash or memory-efficient attention
+  elsewhere), called so that it returns the lse, for the pieces it takes (``dense_ops``: no autograd, no mask,
+  every key seen or a square seen causally: a two-band type's far band, a decode step's bands); every other piece
+  ``torch.nn.attention.flex_attention`` (compiled), with the piece's key range as a block mask built from block
+  indices (``flex.piece_block_mask``: no [c, kv] mask either) and ``return_aux=AuxRequest(lse=True)``: the one
+  kernel that takes every mask the bands need (window, shifted causal, a given padding mask, a rule) and returns
+  the lse with gradients. Both are checked without a GPU: the choice and the ops' output forms through CPU twins,
+  flex uncompiled on CPU for small shapes; ``benchmarks/gpu.sh`` checks and measures them on a GPU.
 Devices not in the table (MPS) take the reference path.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import torch
 from torch.nn import functional as F
 
+from . import dense_ops
 from .flex import compiled_flex_kernel
 from .piece import Piece, expand_heads, needs_grad
+
+Kernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (q, k, v, piece, scale) -> (out, lse)
+RAN: Counter[str] = Counter()  # pieces run per kernel name since the process started (benchmarks name them)
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -70,6 +76,7 @@ class FlashLse(torch.autograd.Function):
 def cpu_flash(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The CPU kernel: the piece's key range as torch's causal flag, a small additive mask, or nothing."""
     c, kv = q.shape[2], k.shape[2]
+    RAN["cpu_flash"] += 1
     causal, mask = piece.top_left_causal(), piece.dense_mask()
     if mask is None and not causal and piece.cuts(c, kv):
         allowed = piece.allowed(c, kv, q.device)
@@ -88,12 +95,26 @@ def cpu_flash(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.
 
 
 def cuda_flex(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The CUDA kernel: flex_attention, compiled on its first call, over the piece's block mask (``flex``)."""
+    """flex_attention, compiled on its first call, over the piece's block mask (``flex``)."""
     return compiled_flex_kernel()(q, k, v, piece, scale)
 
 
-Kernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (q, k, v, piece, scale) -> (out, lse)
-KERNELS: dict[str, Kernel] = {"cpu": cpu_flash, "cuda": cuda_flex}  # device type -> kernel
+def fused_first(general: Kernel, name: str) -> Kernel:
+    """A kernel running torch's fused op where one takes the piece (``dense_ops``), ``general`` elsewhere."""
+
+    def kernel(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        found = dense_ops.attend(q, k, v, piece, scale, RAN)
+        if found is not None:
+            return found
+        RAN[name] += 1
+        return general(q, k, v, piece, scale)
+
+    return kernel
+
+
+cuda_kernel = fused_first(cuda_flex, "flex")  # the CUDA kernel
+
+KERNELS: dict[str, Kernel] = {"cpu": cpu_flash, "cuda": cuda_kernel}  # device type -> kernel
 # device types whose kernel takes a band of any length as one piece: compiled flex visits only the blocks its block
 # mask lists, so a window over 64k queries costs what its blocks cost, while each call costs milliseconds of
 # launching and block-mask building (on an H200, ReRoPE's 8k prefill in 79 pieces took 190 times plain sdpa's time)
