@@ -4,7 +4,8 @@
 
 For every attention-level rope type (``bench_attention.TYPES``: the attention module
 of a one-layer Llama, 32 / 8 heads, L0 4096), the call transformers makes is run through the fast engine (on CUDA:
-compiled flex_attention over block masks; ``dual_chunk`` with a mask runs the reference engine) and compared with
+torch's fused op for the pieces it takes, compiled flex_attention over block masks for the others, the kernels that
+ran named per type and dtype; ``dual_chunk`` with a mask runs the reference engine) and compared with
 the reference engine (``"eager"``: dense scores) run in float32 on the same inputs:
 - ``prefill``: ``--length`` tokens, no mask; ``padded``: a batch of 2, the second left-padded by a quarter, a 4D
   bool mask (as sdpa gets it);
@@ -16,7 +17,7 @@ The error is max |fast - reference| / max |reference| over the output (or each g
 ``--fp32-bound`` (default 1e-3: the TF32 products a GPU kernel may use) or a bfloat16 one above ``--bf16-bound``
 (default 2^-7, two bfloat16 steps), twice that for gradients, is printed as FAIL, and the script exits 1 after the
 whole table. On CUDA the check is of the compiled kernel: a call that dynamo would run uncompiled (past the
-package's recompile limit, ``flex.RECOMPILE_LIMIT``) stops the script with dynamo's error instead.
+package's recompile limit, ``util.recompile_limit``) stops the script with dynamo's error instead.
 """
 
 from __future__ import annotations
@@ -29,10 +30,20 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import HEADS, KV_HEADS, TIMED, TYPES, attention_module, random, timed_sdpa  # noqa: E402
+from bench_attention import (  # noqa: E402
+    HEADS,
+    KV_HEADS,
+    TIMED,
+    TYPES,
+    attention_module,
+    kernel_names,
+    random,
+    timed_sdpa,
+)
 from transformers import AttentionInterface  # noqa: E402
 
 from hf_rope_ext.attention import function  # noqa: E402
+from hf_rope_ext.attention.engine import kernels  # noqa: E402
 
 
 def padded_masks(batch: int, length: int, device):
@@ -126,15 +137,18 @@ def check(args) -> list[dict]:
         rope = TYPES[name]
         for dtype_name in args.dtypes:
             dtype = getattr(torch, dtype_name)
-            module = attention_module(rope, args.head_dim, args.device, dtype)
+            module, before = attention_module(rope, args.head_dim, args.device, dtype), kernels.RAN.copy()
             with torch.no_grad():
                 errors = {**forward_cases(module, args, dtype), "decode": decode_case(module, args, dtype)}
             errors["backward"] = backward_case(module, args, dtype)
+            ran = kernel_names(kernels.RAN - before)
+            print(f"{name:13s} {dtype_name:9s} kernels: {ran}", flush=True)
             for case, value in errors.items():
                 bound = (args.fp32_bound if dtype == torch.float32 else args.bf16_bound) * (
                     2 if case == "backward" else 1
                 )
-                records.append({"rope_type": name, "dtype": dtype_name, "case": case, "error": value, "bound": bound})
+                what = {"rope_type": name, "dtype": dtype_name, "case": case}
+                records.append({**what, "error": value, "bound": bound, "kernels": ran})
                 verdict = "ok" if value <= bound else "FAIL"
                 print(f"{name:13s} {dtype_name:9s} {case:9s} {value:.2e} (bound {bound:.1e}) {verdict}", flush=True)
     return records

@@ -3,14 +3,15 @@
 #
 #   bash benchmarks/gpu.sh [OUT]        # default OUT: runs/gpu-<time>; writes OUT/gpu.json and OUT/gpu.md
 #
-# 0. correctness first (benchmarks/check_engines.py): every attention-level type's fast engine on CUDA (compiled
-#    flex_attention), through sdpa, flash_attention_2 and flex_attention masks, prefill, decode and backward, fp32
-#    and bf16, against the reference engine in fp32: the max error per type and case. Past a bound the timings
-#    still run, but the script ends with exit status 1 and a FAIL line;
-# 1. attention (benchmarks/bench_attention.py): every attention-level type against plain RoPE's sdpa call (torch's
-#    flash kernel on CUDA in bf16), bf16, 32 query / 8 kv heads, head_dim 128: prefill at 8k, 32k and 64k tokens,
-#    decode per token after 8k, 32k and 64k cached tokens (DynamicCache and StaticCache), time ratios and peak memory
-#    (torch.cuda.max_memory_allocated);
+# 0. correctness first (benchmarks/check_engines.py): every attention-level type's fast engine on CUDA (torch's
+#    fused attention op where it takes a piece, compiled flex_attention elsewhere; the kernels named), through sdpa,
+#    flash_attention_2 and flex_attention masks, prefill, decode and backward, fp32 and bf16, against the reference
+#    engine in fp32: the max error per type and case. Past a bound the timings still run, but the script ends with
+#    exit status 1 and a FAIL line;
+# 1. attention (benchmarks/bench_attention.py): every attention-level type against plain RoPE's sdpa call (each row
+#    names the kernels that ran, plain's backend included), bf16, 32 query / 8 kv heads, head_dim 128: prefill at
+#    8k, 32k and 64k tokens, decode per token after 8k, 32k and 64k cached tokens (DynamicCache and StaticCache),
+#    time ratios and peak memory (torch.cuda.max_memory_allocated);
 # 1b. compiled decode (benchmarks/bench_compiled_decode.py): each type's attention step on a StaticCache after 32k
 #    tokens compiled with mode="reduce-overhead" (a CUDA graph), checked against the uncompiled step, against plain
 #    RoPE graphed the same way; and a 1B-shaped Llama's generate(cache_implementation="static") tokens/s after a 32k

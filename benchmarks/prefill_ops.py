@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/prefill_ops.py [--lengths 2048 4096 8192] [--cpu-pieces]
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/prefill_ops.py --one-pass-rotation
+    OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/prefill_ops.py --fused
 
 On a GPU a prefill's host work is the operations it dispatches (each a Python dispatch and, for a kernel, a launch);
 where their number grows with the length, the host, not the kernels, can set the time at short lengths. This counts
@@ -10,7 +11,11 @@ them on any device, with a dispatch mode (``decode_ops.Counted``), for one call 
 takes the CUDA path's plan: each band one piece of every row (``kernels.WHOLE_BANDS``), each piece building the block
 mask compiled flex would get (``flex.kernel_block_mask``), the CPU kernel computing it; ``--cpu-pieces`` counts the
 CPU's own plan (row blocks, whose number grows with the length by design); ``--one-pass-rotation`` rotates every
-tensor in one pass (``rotation.ROWS`` unbounded: what a fused rotation kernel would dispatch). Per type: the
+tensor in one pass (``rotation.ROWS`` unbounded: the count of the CUDA path, which rotates a long tensor by one
+compiled kernel, ``rotation.one_pass``, here in the eager operations of the same form); ``--fused`` lets the
+CUDA kernel's own code take torch's fused op first for the pieces it takes (``dense_ops``; on CPU the CPU flash op,
+torch's choice here, standing in for cuDNN's or flash's, one operation as theirs), block masks only for the others,
+as the CUDA kernel now runs. Per type: the
 operations at each length, the host syncs at the longest, and what grows (operation kinds whose count rises from the
 shortest to the longest).
 """
@@ -24,6 +29,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from torch.nn.attention import SDPBackend
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,15 +37,27 @@ import bench_attention as bench  # noqa: E402
 import decode_ops  # noqa: E402
 
 from hf_rope_ext.attention import rotation  # noqa: E402
-from hf_rope_ext.attention.engine import kernels  # noqa: E402
+from hf_rope_ext.attention.engine import dense_ops, kernels  # noqa: E402
 
 
-def prefill_ops(name: str, length: int, head_dim: int, cpu_pieces: bool = False) -> decode_ops.Counted:
+def cpu_stand_in(q, k, v, causal: bool, scale: float):
+    """The CPU flash op in the place of a CUDA fused op: (out, lse) in one operation."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+
+
+def cuda_kernel(fused: bool):
+    """The CUDA path's kernel on a CPU: block masks built for flex's pieces, torch's fused op first if ``fused``."""
+    flex_like = decode_ops.with_block_masks(kernels.cpu_flash)
+    return kernels.fused_first(flex_like, "flex") if fused else flex_like
+
+
+def prefill_ops(name: str, length: int, head_dim: int, cpu_pieces=False, fused=False) -> decode_ops.Counted:
     """The counter of a prefill attention call of ``name`` over ``length`` tokens (on the CPU), the layer's second."""
     if not cpu_pieces:
         whole = mock.patch.object(kernels, "WHOLE_BANDS", kernels.WHOLE_BANDS | {"cpu"})
-        masks = mock.patch.dict(kernels.KERNELS, cpu=decode_ops.with_block_masks(kernels.KERNELS["cpu"]))
-        with whole, masks:
+        masks = mock.patch.dict(kernels.KERNELS, cpu=cuda_kernel(fused))
+        ops = mock.patch.dict(dense_ops.OPS, {SDPBackend.FLASH_ATTENTION: cpu_stand_in})
+        with whole, masks, ops:
             return prefill_ops(name, length, head_dim, cpu_pieces=True)
     AttentionInterface.register(bench.TIMED, bench.timed_sdpa("cpu"))
     module = bench.attention_module(bench.TYPES[name], head_dim, "cpu", torch.bfloat16)
@@ -70,6 +88,7 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dim", type=int, default=64, help="head size (128 as the GPU figures: slower here)")
     parser.add_argument("--cpu-pieces", action="store_true", help="the CPU's own plan, not the CUDA path's")
     parser.add_argument("--one-pass-rotation", action="store_true", help="rotate each tensor in one pass")
+    parser.add_argument("--fused", action="store_true", help="torch's fused op first, as the CUDA kernel takes it")
     args = parser.parse_args(argv)
     with mock.patch.object(rotation, "ROWS", 2**62 if args.one_pass_rotation else rotation.ROWS):
         table(args)
@@ -79,10 +98,11 @@ def main(argv=None) -> int:
 def table(args) -> None:
     """The Markdown table: a row per type."""
     plan = "the CPU's row blocks" if args.cpu_pieces else "whole bands and flex block masks, as on CUDA"
+    plan += ", fused ops first" if args.fused and not args.cpu_pieces else ""
     print(f"| rope_type ({plan}) | " + " | ".join(f"ops at {n}" for n in args.lengths) + " | host syncs | grows |")
     print("| --- |" + " ---: |" * len(args.lengths) + " ---: | --- |")
     for name in args.types:
-        counters = [prefill_ops(name, n, args.head_dim, args.cpu_pieces) for n in args.lengths]
+        counters = [prefill_ops(name, n, args.head_dim, args.cpu_pieces, args.fused) for n in args.lengths]
         counts = " | ".join(str(sum(c.ops.values())) for c in counters)
         changed = growth(counters[0].ops, counters[-1].ops)
         print(f"| {name} | {counts} | {counters[-1].syncs} | {changed} |", flush=True)

@@ -2,8 +2,9 @@
 
     python scripts/mutate_cuda_path.py [--only N ...] [--tests FILE ...] [--keep]
 
-The CUDA kernel (compiled flex_attention) never runs in the tests (no GPU in CI), so they run it through CPU twins
-(``tests/test_attention_engines.py``); a twin that ignored the block lists let wrong lists pass every test. Each
+The CUDA kernel (torch's fused ops, compiled flex_attention) never runs in the tests (no GPU in CI), so they run it
+through CPU twins (``tests/test_attention_engines.py``, ``tests/test_dense_ops.py``); a twin that ignored the block
+lists let wrong lists pass every test. Each
 mutation below replaces one exact fragment of a package module (it must occur exactly once, so the script fails
 loudly when the code moves on); the tests then run in the copy with ``pytest -x``. The script prints, per mutation,
 the first test that failed ("caught") or "SURVIVED", and exits 1 if any survived or if the unchanged copy fails.
@@ -25,7 +26,8 @@ PIECES = "hf_rope_ext/attention/engine/piece.py"
 MASKS = "hf_rope_ext/attention/mask_formats.py"
 KERNELS = "hf_rope_ext/attention/engine/kernels.py"
 SINGLE = "hf_rope_ext/attention/engine/single_band.py"
-TESTS = ["tests/test_attention_engines.py", "tests/test_attention_implementations.py"]
+FUSED = "hf_rope_ext/attention/engine/dense_ops.py"
+TESTS = ["tests/test_attention_engines.py", "tests/test_attention_implementations.py", "tests/test_dense_ops.py"]
 
 # (what it breaks, module, fragment, replacement)
 MUTATIONS = [
@@ -140,6 +142,24 @@ MUTATIONS = [
         "seq_lengths=(rows, columns), compute_q_blocks=False\n",
     ),
     ("full lists aliased (partial indices the full ones)", FLEX, "counts, indices.clone(),", "counts, indices,"),
+    ("fused ops: cuDNN's lse [B, H, c, 1] taken as it is", FUSED, "lse.reshape(q.shape[:3])", "lse"),
+    ("fused ops: the efficient op's padded lse rows kept", FUSED, "lse[..., : q.shape[2]]", "lse"),
+    ("fused ops: a causal piece taken when not square", FUSED, "True if rows == columns and", "True if"),
+    (
+        "fused ops: a causal piece run as a rectangle",
+        FUSED,
+        "OPS[backend](q, k, v, causal, scale)\n",
+        "OPS[backend](q, k, v, False, scale)\n",
+    ),
+    (
+        "fused ops: pieces with autograd taken (no lse gradient)",
+        FUSED,
+        "causal is None or needs_grad(q, k, v)",
+        "causal is None",
+    ),
+    ("fused ops: sdpa's choice asked without grouped heads", FUSED, "enable_gqa=gqa", "enable_gqa=False"),
+    ("fused ops: the lse check's causal scores one key wide", FUSED, ".triu(1)", ".triu(2)"),
+    ("fused ops: the lse check kept across causal flags", FUSED, "key = (backend, causal,", "key = (backend,"),
 ]
 
 

@@ -24,6 +24,7 @@ from hf_rope_ext.attention.engine import fast, flex, kernels, lse, masked, rotat
 from hf_rope_ext.attention.engine.piece import Piece
 from hf_rope_ext.attention.methods.form import PLAIN
 from hf_rope_ext.types import registry
+from hf_rope_ext.util import recompile_limit
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -389,17 +390,17 @@ def test_a_piece_cuts_exactly_when_a_pair_is_out_of_its_range(index):
 
 
 def test_the_compiled_kernel_keeps_compiling_past_dynamos_default_limit():
-    """Twelve variants of one compiled function (a shape each): under ``flex.with_recompile_limit`` each is compiled
-    (a variant past the limit would raise here instead of running uncompiled), and dynamo's own setting is as before
+    """Twelve variants of one compiled function (a shape each): under ``with_recompile_limit`` each is compiled (a
+    variant past the limit would raise here instead of running uncompiled), and dynamo's own setting is as before
     outside the call. On an H200 the default of 8 was reached within one type's checks and flex then ran unfused."""
     config = torch._dynamo.config
-    before = getattr(config, flex.LIMIT_NAME)
+    before = getattr(config, recompile_limit.LIMIT_NAME)
     compiled = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
-    call = flex.with_recompile_limit(compiled)
+    call = recompile_limit.with_recompile_limit(compiled)
     with config.patch(fail_on_recompile_limit_hit=True):
         for n in range(1, 13):
             assert torch.equal(call(torch.ones(n)), torch.full((n,), 3.0))
-    assert getattr(config, flex.LIMIT_NAME) == before < 12 <= flex.RECOMPILE_LIMIT
+    assert getattr(config, recompile_limit.LIMIT_NAME) == before < 12 <= recompile_limit.RECOMPILE_LIMIT
     with config.patch(fail_on_recompile_limit_hit=True), pytest.raises(Exception, match="recompile"):
         for n in range(13, 13 + before + 1):  # the same function without the wrapper: a fresh one hits the default
             torch.compile(lambda x: x - 1, backend="eager", dynamic=False)(torch.ones(n))
@@ -415,7 +416,7 @@ def test_the_cuda_kernel_calls_compiled_flex_under_the_raised_limit(monkeypatch)
         assert options == {"dynamic": True}
 
         def run(*args, **kwargs):
-            seen.append(getattr(torch._dynamo.config, flex.LIMIT_NAME))
+            seen.append(getattr(torch._dynamo.config, recompile_limit.LIMIT_NAME))
             return function(*args, **kwargs)
 
         return run
@@ -423,7 +424,7 @@ def test_the_cuda_kernel_calls_compiled_flex_under_the_raised_limit(monkeypatch)
     monkeypatch.setattr(flex.torch, "compile", fake_compile)
     q = k = v = torch.randn(1, 2, 8, 16)
     out, lse = flex.compiled_flex_kernel.__wrapped__()(q, k, v, Piece(0, 0, 0), 0.25)
-    assert seen == [flex.RECOMPILE_LIMIT] and out.shape == q.shape and lse.shape == q.shape[:3]
+    assert seen == [recompile_limit.RECOMPILE_LIMIT] and out.shape == q.shape and lse.shape == q.shape[:3]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -70,3 +70,51 @@ def test_layouts_are_one_rotation_in_two_orders():
     order = [a for a, _ in PAIRS["interleaved"]] + [b for _, b in PAIRS["interleaved"]] + list(range(ROTARY, HEAD_DIM))
     half = rotation.turn(x[:, order], cos, sin, "half")
     assert torch.equal(rotation.turn(x, cos, sin, "interleaved")[:, order], half)
+
+
+@pytest.fixture
+def one_pass_on_cpu(monkeypatch):
+    """The one-pass rotation taken on CPU for tensors above 16 rows, compiled with aot_eager (dynamo's trace and
+    autograd's decomposition, no code generation: quick); returns the calls it received."""
+    monkeypatch.setattr(rotation, "ONE_PASS", {"cpu"})
+    monkeypatch.setattr(rotation, "ROWS", 16)
+    compiled, calls = torch.compile(rotation._rotate, dynamic=True, backend="aot_eager"), []
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return compiled(*args)
+
+    monkeypatch.setattr(rotation, "one_pass", lambda: counted)
+    return calls
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "xpos_scaled"])
+def test_a_long_tensor_rotated_in_one_pass_equals_the_pieces(layout, scaled, one_pass_on_cpu):
+    """Above ROWS rows, on a one-pass device and without autograd: one compiled call, the pieces' result (partial
+    rotary dims passing through, xPos's scale in the same pass); shorter tensors and autograd keep their paths."""
+    g = torch.Generator().manual_seed(2)
+    x, pos = torch.randn(2, 3, 40, HEAD_DIM, generator=g), torch.arange(40)[None].expand(2, 40) * 977
+    log_scale = torch.randn(2, 1, 40, H, generator=g) * 0.1 if scaled else None
+    out = rotation.rotate(x, pos, INV_FREQ, log_scale, layout)
+    assert one_pass_on_cpu == [x.shape]
+    with pytest.MonkeyPatch.context() as pieces:
+        pieces.setattr(rotation, "ONE_PASS", set())
+        expected = rotation.rotate(x, pos, INV_FREQ, log_scale, layout)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+    assert torch.equal(out[..., ROTARY:], x[..., ROTARY:])
+    rotation.rotate(x[:, :, :16], pos[:, :16], INV_FREQ, log_scale=None, layout=layout)
+    rotation.rotate(x.requires_grad_(True), pos, INV_FREQ, log_scale, layout)
+    assert len(one_pass_on_cpu) == 1
+
+
+def test_the_one_pass_rotation_runs_compiled_by_inductor():
+    """The real compiled rotation (inductor, C++ on CPU): a bfloat16 tensor within one bfloat16 step of the pieces'
+    result, float32 within 1e-6."""
+    g = torch.Generator().manual_seed(3)
+    x, pos = torch.randn(1, 2, 300, HEAD_DIM, generator=g), torch.arange(300)[None] * 101
+    for dtype, tolerance in ((torch.float32, 1e-6), (torch.bfloat16, 2**-7)):
+        out = rotation.one_pass()(x.to(dtype), pos, INV_FREQ, None, "half")
+        expected = rotation.rotate(x.to(dtype), pos, INV_FREQ)
+        assert out.dtype == dtype
+        assert ((out.float() - expected.float()).abs() / expected.float().abs().clamp(min=1)).max() <= tolerance

@@ -110,6 +110,24 @@ def test_an_op_whose_lse_disagrees_or_that_fails_is_not_used(op, monkeypatch):
     torch.testing.assert_close(lse, dense_kernel(q, k, v, Piece(), 0.3)[1], rtol=0, atol=1e-5)
 
 
+def causal_ignored(q, k, v, dropout_p, is_causal, return_debug_mask, *, scale):
+    return flash_twin(q, k, v, dropout_p, False, return_debug_mask, scale=scale)
+
+
+def test_an_op_is_checked_for_causal_pieces_apart_from_rectangles(monkeypatch):
+    """An op right on rectangles and wrong on causal squares (here: one that ignores the flag) is used for the
+    former and refused for the latter."""
+    monkeypatch.setattr(dense_ops, "CHECKED", {})
+    aten = SimpleNamespace(**{**vars(FUSED_ATEN), "_scaled_dot_product_flash_attention": causal_ignored})
+    kernel, before = fused_kernel(SDPBackend.FLASH_ATTENTION, aten), kernels.RAN.copy()
+    kernel(*qkv(20, 30), Piece(), 0.3)
+    q, k, v = qkv(20, 20)
+    with pytest.warns(UserWarning, match="FLASH_ATTENTION"):
+        out, _ = kernel(q, k, v, Piece(low=0), 0.3)
+    assert kernels.RAN - before == {"flash_attention": 1, "flex": 1}
+    torch.testing.assert_close(out, dense_kernel(q, k, v, Piece(low=0), 0.3)[0], rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_torchs_choice_is_sdpas_own(kv_heads):
     """On CPU torch's sdpa runs its flash kernel for these shapes, grouped kv heads included (asked without

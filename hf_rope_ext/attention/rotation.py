@@ -10,16 +10,23 @@ The precision rule, one for every caller: angles position * theta_i are formed i
 no float64), cos/sin of each pair's angle (times the caller's scale, still in float64) are cast to float32, and the
 rotation's products are formed in float32 and cast back to the tensor's dtype. Without autograd the rotation writes
 two multiplies and two fused multiply-adds into one buffer, with no temporaries of the tensor's size; long tensors
-are rotated ROWS rows at a time (not while torch.compile traces: it fuses the plain form itself). Dims past the
-rotary dim r pass through (partial rotary).
+are rotated ROWS rows at a time (not while torch.compile traces: it fuses the plain form itself), except on the
+devices of ``ONE_PASS`` (CUDA), where a long tensor is rotated in one pass by the plain form compiled (one fused kernel
+per tensor, no float32 temporaries, a few operations whatever the length). Dims past the rotary dim r pass through
+(partial rotary).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from ..util.recompile_limit import with_recompile_limit
 
 HALF, INTERLEAVED = "half", "interleaved"
 ROWS = 2048  # rows per piece when rotating or scaling long tensors without autograd (bounds the temporaries)
+ONE_PASS = {"cuda"}  # device types rotating a long tensor without autograd in one compiled pass (``one_pass``)
 
 
 def angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -89,9 +96,24 @@ def by_rows(function, x: torch.Tensor, *per_row: tuple[torch.Tensor, int]) -> to
     return out
 
 
+@functools.cache
+def one_pass():
+    """``_rotate`` compiled (dynamic shapes): its plain form, which inductor fuses into one kernel."""
+    return with_recompile_limit(torch.compile(_rotate, dynamic=True))
+
+
+def in_one_pass(x: torch.Tensor) -> bool:
+    """Whether x [B, H, L, d] is rotated by ``one_pass``: longer than ROWS rows, on a ``ONE_PASS`` device, no
+    autograd, not already being traced."""
+    long = x.shape[2] > ROWS and x.device.type in ONE_PASS
+    return long and not (torch.is_grad_enabled() and x.requires_grad) and not torch.compiler.is_compiling()
+
+
 def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log_scale=None, layout: str = HALF):
     """Rotate x [B, H, L, head_dim] by positions [B, L]; dims past the rotary dim pass through (partial rotary).
     ``log_scale`` [B, 1, L, r/2] (xPos): each rotary pair also multiplied by its exp, in the same pass."""
+    if in_one_pass(x):
+        return one_pass()(x, positions, inv_freq, log_scale, layout)
     if log_scale is None:
         return by_rows(lambda x, p: _rotate(x, p, inv_freq, None, layout), x, (positions, 1))
     return by_rows(lambda x, p, s: _rotate(x, p, inv_freq, s, layout), x, (positions, 1), (log_scale, 2))

@@ -7,7 +7,7 @@ function only inside blocks listed as partly allowed. For a piece whose key rang
 masked path: padding, packed sequences) is turned into a block mask of that tensor's own size. Row a of a piece is
 flex's query index a, column j its key index j. On CUDA the kernel is ``torch.compile(flex_attention,
 dynamic=True)`` (the piece offsets enter as tensors, not as constants, so pieces share compiled variants; the
-variants a model still meets are kept under ``RECOMPILE_LIMIT``). The tests run the same
+variants a model still meets are kept under ``util.recompile_limit``). The tests run the same
 function uncompiled on CPU, where flex_attention has a forward-only reference implementation; it applies the mask
 function to every pair and ignores the block lists, so the lists are checked against the dense mask separately.
 """
@@ -19,6 +19,7 @@ import functools
 import torch
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_block_mask, flex_attention
 
+from ...util.recompile_limit import with_recompile_limit
 from .piece import Piece, needs_grad
 
 BLOCK = 128  # flex_attention's block size, rows and columns
@@ -144,25 +145,6 @@ def flex_kernel(flex=flex_attention):
         return out, aux.lse
 
     return kernel
-
-
-# Compiled variants of flex_attention kept while the package calls it. One model meets several (each dtype, grad mode,
-# kind of block mask, a decode step's single query row, a view's storage offset): dynamo's default of 8 was reached
-# on an H200 by one type's prefill, padding, decode and backward in two dtypes, after which every call ran flex
-# unfused (the whole score matrix materialized) with only a warning.
-RECOMPILE_LIMIT = 64
-# dynamo names the setting recompile_limit since torch 2.6, cache_size_limit before
-LIMIT_NAME = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-
-
-def with_recompile_limit(compiled):
-    """``compiled`` called under ``RECOMPILE_LIMIT`` (dynamo's setting is left as it was outside the call)."""
-
-    def call(*args, **kwargs):
-        with torch._dynamo.config.patch(**{LIMIT_NAME: RECOMPILE_LIMIT}):
-            return compiled(*args, **kwargs)
-
-    return call
 
 
 @functools.cache
