@@ -8,16 +8,15 @@ On a GPU a prefill's host work is the operations it dispatches (each a Python di
 where their number grows with the length, the host, not the kernels, can set the time at short lengths. This counts
 them on any device, with a dispatch mode (``decode_ops.Counted``), for one call of the attention module of
 ``bench_attention`` (32 / 8 heads, bfloat16, ``--head-dim``) on random q, k, v of each length. By default the CPU
-takes the CUDA path's plan: each band one piece of every row (``kernels.WHOLE_BANDS``), each piece building the block
-mask compiled flex would get (``flex.kernel_block_mask``), the CPU kernel computing it; ``--cpu-pieces`` counts the
-CPU's own plan (row blocks, whose number grows with the length by design); ``--one-pass-rotation`` rotates every
-tensor in one pass (``rotation.ROWS`` unbounded: the count of the CUDA path, which rotates a long tensor by one
-compiled kernel, ``rotation.one_pass``, here in the eager operations of the same form); ``--fused`` lets the
-CUDA kernel's own code take torch's fused op first for the pieces it takes (``dense_ops``; on CPU the CPU flash op,
-torch's choice here, standing in for cuDNN's or flash's, one operation as theirs), block masks only for the others,
-as the CUDA kernel now runs. Per type: the
-operations at each length, the host syncs at the longest, and what grows (operation kinds whose count rises from the
-shortest to the longest).
+takes the CUDA path's plan: each band one piece of every row up to 8192 (``kernels.WHOLE_BANDS``), each piece
+building the block mask compiled flex would get (``flex.kernel_block_mask``), the CPU kernel computing it;
+``--cpu-pieces`` counts the CPU's own plan (row blocks, whose number grows with the length by design);
+``--one-pass-rotation`` rotates every tensor in one pass (``rotation.ROWS`` unbounded: the count of the CUDA path,
+which rotates a long tensor by one compiled kernel, ``rotation.one_pass``, here in the eager operations of the same
+form); ``--fused`` lets the CUDA kernel's own code take torch's fused op first for the pieces it takes
+(``dense_ops``; on CPU the CPU flash op, torch's choice here, standing in for cuDNN's or flash's, one operation as
+theirs), block masks only for the others, as the CUDA kernel now runs. Per type: the operations at each length, the
+host syncs at the longest, and what grows (operation kinds whose count rises from the shortest to the longest).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Every method on every engine: the reference engine (eager), the fast engine with the CPU kernel, and the fast
 engine as it runs on CUDA, here on CPU with the CUDA kernel swapped for CPU functions of the same signature and
 meaning (``cuda_twins``: a dense one, one that reads the block lists as compiled flex_attention does, and the CUDA
-kernel's own code taking torch's fused op first, the op a twin), and for
-the CUDA kernel's own code run uncompiled (flex_attention on CPU: forward only, every pair through ``mask_mod``).
-The kernel (``kernels.KERNELS``) and the rows per piece (``kernels.WHOLE_BANDS``: each band one piece on CUDA) are
-what differ between devices; the twin runs take both of CUDA's, so the planning and merging are the CUDA path's.
+kernel's own code taking torch's fused op first, the op a twin), and for the CUDA kernel's own code run uncompiled
+(flex_attention on CPU: forward only, every pair through ``mask_mod``). The kernel (``kernels.KERNELS``) and the rows
+per piece (``kernels.WHOLE_BANDS``: each band one piece on CUDA, a few past ``WHOLE_ROWS``) are what differ between
+devices; the twin runs take both of CUDA's, so the planning and merging are the CUDA path's.
 ``scripts/mutate_cuda_path.py`` breaks the CUDA path's block lists and plan on purpose and shows these tests fail.
 """
 
@@ -166,6 +166,27 @@ def test_cuda_plan_runs_each_band_as_one_piece(name, grad, monkeypatch):
         function.attend("sdpa", module, q, k, v, None, position_ids=pos)
         pieces[device] = len(calls)
     assert pieces["cuda"] <= {"single": 1, "two": 2}[plan(name)] < pieces["cpu"], pieces
+
+
+@pytest.mark.parametrize("twin", ["fused", "blocks"])
+@pytest.mark.parametrize("name", TYPES)
+def test_a_long_band_on_the_cuda_plan_runs_in_a_few_pieces(name, twin, monkeypatch):
+    """Past WHOLE_ROWS rows (8 here) a band on the CUDA plan is cut into BAND_PARTS pieces of equal rows, not into
+    the CPU's row blocks, so its calls stay as few at any length and a piece's temporaries a quarter of the band's;
+    every type still gives the reference's output."""
+    monkeypatch.setattr(kernels, "WHOLE_ROWS", 8)
+    assert kernels.piece_rows(torch.device("cuda"), 3, LENGTH) == LENGTH // kernels.BAND_PARTS
+    assert kernels.piece_rows(torch.device("cuda"), 3, 6) == 8 and kernels.piece_rows(torch.device("cpu"), 3, 6) == 3
+    calls = []
+
+    def counted(*args):
+        calls.append(args[3])
+        return CUDA_TWINS[twin](*args)
+
+    found = outputs(module_of(name), "prefill", counted, monkeypatch=monkeypatch)
+    torch.testing.assert_close(found["cuda-twin"][0], found["reference"][0], rtol=0, atol=1e-5)
+    if plan(name) in ("single", "two"):  # two-band: 4 window pieces, 4 far blocks of two pieces (one-band: 4 x 2)
+        assert 0 < len(calls) <= 12, len(calls)
 
 
 def refuse_sdpa(*args, **kwargs):

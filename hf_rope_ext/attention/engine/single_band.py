@@ -95,7 +95,7 @@ def chunks(call: Call) -> list[slice]:
         for start, stop in segments(call)
         for i in range(start, stop, limit or stop - start)
     ]
-    rows = piece_rows(call.query.device, ROWS)
+    rows = piece_rows(call.query.device, ROWS, call.query.shape[2])
     return [slice(i, min(i + rows, c.stop)) for c in cut for i in range(c.start, c.stop, rows)]
 
 

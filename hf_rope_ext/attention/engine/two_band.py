@@ -6,7 +6,8 @@ With w = ``window``, f / g the far band's query / key positions (``form.far``):
   window piece over only the keys in its reach [block start - w + 1, block end);
 - far band (n <= m - w): queries rotated by f(m), keys by g(n) (ReRoPE: not at all), causal attention shifted by
   the window in blocks of FAR_BLOCK rows (``lse.causal_lse``: one unmasked piece plus one causal square).
-Row blocks are the CPU kernel's; on CUDA each band is one block of every row (``kernels.piece_rows``).
+Row blocks are the CPU kernel's; on CUDA a band is one block of every row, or a few for long prompts
+(``kernels.piece_rows``).
 Regular positions: each row's positions consecutive and the queries the newest keys (no cache, a cache extended
 by ``generate``, shifted positions); ``masked`` takes everything else.
 """
@@ -68,7 +69,7 @@ def near_regular(call: Call, window: int, scale: float, grad: bool):
     offset, reach = kv - q_len, max(0, kv - q_len - window + 1)  # keys before ``reach`` are out of every band
     keys = near_keys(call, reach)
     out, lses = Rows(call.query, call.value.shape[-1], grad), []
-    step = piece_rows(call.query.device, near_block(window))  # query rows per window piece
+    step = piece_rows(call.query.device, near_block(window), q_len)  # query rows per window piece
     for i0 in range(0, q_len, step):
         i1 = min(i0 + step, q_len)
         lo, hi = max(0, offset + i0 - window + 1), offset + i1
@@ -89,7 +90,8 @@ def two_band_regular(call: Call, scale: float) -> torch.Tensor:
     first_far = max(0, window - offset)  # rows with a far key: offset + row >= window
     if first_far >= q_len:
         return near_out
-    keys, pieces, step = far_keys(call, offset), [near_out[:, :, :first_far]], piece_rows(call.query.device, FAR_BLOCK)
+    step = piece_rows(call.query.device, FAR_BLOCK, q_len - first_far)
+    keys, pieces = far_keys(call, offset), [near_out[:, :, :first_far]]
     for i0 in range(first_far, q_len, step):
         i1 = min(i0 + step, q_len)
         far = causal_lse(far_queries(call, slice(i0, i1)), keys, call.value, offset + i0 - window, scale)
