@@ -160,6 +160,7 @@ MUTATIONS = [
     ("fused ops: sdpa's choice asked without grouped heads", FUSED, "enable_gqa=gqa", "enable_gqa=False"),
     ("fused ops: the lse check's causal scores one key wide", FUSED, ".triu(1)", ".triu(2)"),
     ("fused ops: the lse check kept across causal flags", FUSED, "key = (backend, causal,", "key = (backend,"),
+    ("a long band on CUDA kept one piece", KERNELS, "max(WHOLE_ROWS, -(-total // BAND_PARTS))", "2**62"),
 ]
 
 
