@@ -97,8 +97,8 @@ MUTATIONS = [
     (
         "CUDA plan: bands cut into row blocks as on CPU",
         KERNELS,
-        "2**62 if device.type in WHOLE_BANDS",
-        "2**62 if False",
+        "BAND_PARTS)) if device.type in WHOLE_BANDS",
+        "BAND_PARTS)) if False",
     ),
     ("gradients through torch's sdpa (one-band types)", SINGLE, "and offset == 0 and not grad:", "and offset == 0:"),
     (
