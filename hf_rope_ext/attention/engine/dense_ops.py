@@ -9,9 +9,9 @@ ReRoPE, Self-Extend and STRING without a cache is one causal square. The op is t
 memory-efficient attention elsewhere; grouped-query heads read in place, as sdpa passes them), called directly so
 that it returns the lse. A choice with no such op (math) leaves the piece to flex.
 
-Each op's lse is checked once per (op, device, dtype, head dims) against the scores written out on a few rows of the
-piece itself (``lse_agrees``): an op whose lse does not agree is never used for them, with a warning, rather than
-merged wrongly.
+Each op's output and lse are checked once per (op, causal flag, device, dtype, head counts and dims) against the
+scores written out on a corner of the piece itself (``checked``): an op that disagrees or fails is not used for them,
+with a warning, rather than merged wrongly.
 """
 
 from __future__ import annotations

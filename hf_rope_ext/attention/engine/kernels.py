@@ -115,9 +115,10 @@ def fused_first(general: Kernel, name: str) -> Kernel:
 cuda_kernel = fused_first(cuda_flex, "flex")  # the CUDA kernel
 
 KERNELS: dict[str, Kernel] = {"cpu": cpu_flash, "cuda": cuda_kernel}  # device type -> kernel
-# device types whose kernel takes a band of any length as one piece: compiled flex visits only the blocks its block
-# mask lists, so a window over 64k queries costs what its blocks cost, while each call costs milliseconds of
-# launching and block-mask building (on an H200, ReRoPE's 8k prefill in 79 pieces took 190 times plain sdpa's time)
+# device types whose kernel takes a whole band as one piece (a few past WHOLE_ROWS): compiled flex visits only the
+# blocks its block mask lists, so a window over 64k queries costs what its blocks cost, while each call costs
+# milliseconds of launching and block-mask building (on an H200, ReRoPE's 8k prefill in 79 pieces took 190 times
+# plain sdpa's time)
 WHOLE_BANDS = {"cuda"}
 # On those devices a band of up to WHOLE_ROWS query rows is one piece, a longer one BAND_PARTS pieces: the calls stay
 # as few at every length, and a piece's temporaries (its rotated queries, its output before the merge) a quarter of
