@@ -67,11 +67,14 @@ def test_each_fused_op_gives_the_pieces_output_and_lse(backend, piece, rows, col
 
 
 @pytest.mark.parametrize(
-    "piece, rows, columns", [(Piece(row0=13, column0=9, low=0, high=5), 20, 24), (Piece(), 20, 30)]
+    "piece, rows, columns, grad",
+    [
+        (Piece(row0=13, column0=9, low=0, high=5), 20, 24, False),  # a window
+        (Piece(), 20, 30, True),  # a rectangle with autograd: the ops' lse has no gradient
+    ],
 )
-def test_pieces_the_ops_do_not_take_and_gradients_go_to_the_general_kernel(piece, rows, columns):
+def test_pieces_the_ops_do_not_take_and_gradients_go_to_the_general_kernel(piece, rows, columns, grad):
     q, k, v = qkv(rows, columns)
-    grad = not piece.cuts(rows, columns)  # the rectangle with autograd: the ops' lse has no gradient
     q.requires_grad_(grad)
     before = kernels.RAN.copy()
     out, lse = fused_kernel(SDPBackend.FLASH_ATTENTION)(q, k, v, piece, 0.3)

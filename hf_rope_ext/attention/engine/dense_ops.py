@@ -24,6 +24,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from .piece import Piece, needs_grad
+from .reference import grouped_product
 
 aten = torch.ops.aten
 
@@ -67,13 +68,10 @@ def causal_flag(piece: Piece, rows: int, columns: int) -> bool | None:
 
 def written_out(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) in float32 from the scores written out: q [B, H, c, d], k / v [B, Hkv, kv, *]."""
-    groups = q.shape[1] // k.shape[1]
-    keys, values = k.float().repeat_interleave(groups, 1), v.float().repeat_interleave(groups, 1)
-    scores = q.float() @ keys.transpose(-1, -2) * scale  # [B, H, c, kv]
+    scores = grouped_product(q.float(), k.float().transpose(-1, -2)) * scale  # [B, H, c, kv]
     if causal:
         scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
-    lse = scores.logsumexp(-1)
-    return torch.softmax(scores, -1) @ values, lse
+    return grouped_product(torch.softmax(scores, -1), v.float()), scores.logsumexp(-1)
 
 
 CHECK_ROWS, CHECK_COLUMNS = 8, 512  # the corner of a piece the check computes (a square: CHECK_ROWS of each)
