@@ -282,3 +282,40 @@ def test_a_decode_steps_mask_is_read_once_for_every_layer_it_is_handed(monkeypat
     assert mask_formats.step_padding(left)[:2] == (8, "left") and len(reads) == 11
     left[1, ..., 2] = False
     assert mask_formats.step_padding(left)[:2] == (8, "other")
+
+
+def test_an_additive_mask_with_a_bias_is_never_read_as_seen_or_hidden():
+    """``graded``: a float mask holding a value other than 0 on a seen key (a bias) takes the general masked path
+    (``step_padding`` says "other"), where its values are added to the scores; 0 / min masks and bool ones do not."""
+    low = torch.finfo(torch.float32).min
+    bias = torch.tensor([low, -0.5, 0.0, -2.0])[None, None, None]
+    assert bool(mask_formats.graded(bias))
+    assert not bool(mask_formats.graded(torch.tensor([low, 0.0, 0.0])[None, None, None]))
+    assert not bool(mask_formats.graded(torch.ones(1, 1, 1, 4, dtype=torch.bool)))
+    assert mask_formats.step_padding(bias)[:2] == (4, "other")
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("unfilled", [0, 3], ids=["full", "static"])
+@pytest.mark.parametrize("name", TYPES)
+def test_a_decode_step_adds_an_additive_masks_bias(name, unfilled, implementation):
+    """A step mask [B, 1, 1, kv] with a graded bias (and a static cache's unfilled end at the dtype's minimum) gives
+    what the reference engine gives on the mask as it is (the path a torch.compile trace takes, which never reads
+    masks back), not the output of the keys seen without the bias."""
+    from unittest import mock
+
+    from hf_rope_ext.attention import function
+
+    module = model_of(name).model.layers[0].self_attn
+    g = torch.Generator().manual_seed(7)
+    q, k, v = torch.randn(2, 4, 1, 16, generator=g), torch.randn(2, 2, 12, 16, generator=g), torch.randn(2, 2, 12, 16)
+    filled = 12 - unfilled
+    bias = -0.3 * torch.arange(12, 0, -1).float()
+    mask = bias.masked_fill(torch.arange(12) >= filled, torch.finfo(torch.float32).min)[None, None, None]
+    pos = torch.full((2, 1), filled - 1)
+    got = function.attend(implementation, module, q, k, v, mask, position_ids=pos)[0]
+    with mock.patch.object(torch.compiler, "is_compiling", lambda: True):
+        expected = function.attend("eager", module, q, k, v, mask, position_ids=pos)[0]
+    unbiased = function.attend(implementation, module, q, k, v, (mask > -1e30).float().log(), position_ids=pos)[0]
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
+    assert not torch.allclose(got, unbiased, atol=1e-3)

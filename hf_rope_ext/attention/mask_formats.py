@@ -171,6 +171,14 @@ def seen_keys(mask: torch.Tensor) -> torch.Tensor:
     return allowed.reshape(allowed.shape[0], allowed.shape[-1])
 
 
+def graded(mask: torch.Tensor) -> torch.Tensor:
+    """0-dim bool: whether an additive mask holds a value other than 0 on a key it lets be seen (a bias the scores
+    take, which no plan that reads the mask as seen / hidden may drop); False for a bool mask."""
+    if mask.dtype == torch.bool:
+        return torch.zeros((), dtype=torch.bool, device=mask.device)
+    return ((mask != 0) & (mask > torch.finfo(mask.dtype).min / 2)).any()
+
+
 def hidden_first(seen: torch.Tensor) -> torch.Tensor:
     """[2] int64 of seen [B or 1, kv] bool: (every key seen, each row sees the keys from some index on, the last
     included)."""
@@ -187,13 +195,15 @@ def step_padding(mask: torch.Tensor) -> tuple[int, str, torch.Tensor]:
     """What a decode step's mask [B or 1, 1, 1, kv] hides, read once for all the layers handed it (``per_mask``):
     (end: past the last key a row sees, a static cache's filled length; what the mask's first ``end`` keys hide:
     "none", "left" (each row sees the keys from some index on, the newest included: left padding, a sliding window)
-    or "other"; the mask cut to ``end``, known to ``per_mask`` as such, so the layers read nothing more from it).
+    or "other" (anything else, or an additive mask with a bias: ``graded``); the mask cut to ``end``, known to ``per_mask`` as such, so the layers read nothing more from it).
     One read where the newest key is seen (a dynamic cache), two where it is not (a static cache's unfilled end)."""
 
     def read() -> tuple[int, str, torch.Tensor]:
         seen = seen_keys(mask)  # [B or 1, kv]
         kv = seen.shape[-1]
-        every, left = hidden_first(seen).tolist()
+        every, left, biased = torch.cat((hidden_first(seen), graded(mask).long().view(1))).tolist()
+        if biased:  # an additive mask with a bias: the general masked path applies it
+            return kv, "other", mask
         if every or left:
             return kv, "none" if every else "left", mask
         end = kv - seen.any(0).flip(0).to(torch.uint8).argmax()  # past the last seen key (none seen: kv)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..mask_formats import is_step_mask, step_padding
+from ..mask_formats import graded, is_step_mask, step_padding
 from ..methods.form import AttentionForm
 from .rotated_cache import Memory
 
@@ -122,7 +122,8 @@ def crop_empty_slots(query, key, value, mask):
             key, value = (key, value) if end == kv else (key.narrow(2, 0, end), value.narrow(2, 0, end))
             return key, value, None if padding == "none" else cut
     allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
-    if allowed.shape[:-1].numel() == 1:  # one query, one mask row (a static cache's decode step): a prefix?
+    biased = mask.dtype != torch.bool and bool(graded(mask))  # an additive bias: the mask stays
+    if allowed.shape[:-1].numel() == 1 and not biased:  # one query, one mask row (a static cache's step): a prefix?
         filled = int(allowed.count_nonzero())
         if filled and bool(allowed[..., :filled].all()):
             return key[:, :, :filled], value[:, :, :filled], None
@@ -130,4 +131,4 @@ def crop_empty_slots(query, key, value, mask):
     end = kv - int(seen.flip(0).to(torch.uint8).argmax())  # past the last seen key (none seen: kv)
     if end < kv:
         key, value, mask, allowed = key[:, :, :end], value[:, :, :end], mask[..., :end], allowed[..., :end]
-    return key, value, None if q_len == 1 and bool(allowed.all()) else mask
+    return key, value, None if q_len == 1 and not biased and bool(allowed.all()) else mask
