@@ -124,15 +124,20 @@ def additive(mask: torch.Tensor | None, dtype) -> torch.Tensor | None:
     return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
-def softmax_output(scores, value, mask, scale: float, dropout: float, training: bool, softcap=None):
-    """As transformers' eager_attention_forward: scale, softcap (Gemma 2), mask, fp32 softmax, dropout, @ value."""
+def weights(scores, mask, scale: float, dropout: float, training: bool, softcap, dtype) -> torch.Tensor:
+    """As transformers' eager_attention_forward: scale, softcap (Gemma 2), mask, fp32 softmax, dropout; in ``dtype``
+    (the values')."""
     scores = scores * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores + additive(mask, scores.dtype)
-    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-    return grouped_product(F.dropout(weights, p=dropout, training=training), value)
+    return F.dropout(F.softmax(scores, dim=-1, dtype=torch.float32).to(dtype), p=dropout, training=training)
+
+
+def softmax_output(scores, value, mask, scale: float, dropout: float, training: bool, softcap=None):
+    """The weights of ``scores`` (:func:`weights`) @ value."""
+    return grouped_product(weights(scores, mask, scale, dropout, training, softcap, value.dtype), value)
 
 
 def run(call: Call, mask, causal: bool, scale: float, dropout=0.0, training=False, softcap=None) -> torch.Tensor:

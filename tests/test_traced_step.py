@@ -1,0 +1,140 @@
+"""A two-band type's decode step as torch.compile traces it (``engine.traced_step``: the near band over its window's
+slots, gathered on the device) against the reference engine, on the masks a compiled step meets and on masks no
+generate makes (holes, graded and per-head additive masks); the work it leaves out; no recompilation as a growing
+cache passes the window under dynamic shapes."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+from conftest import ENGINE_PARAMS, tiny_model, with_rope
+
+from hf_rope_ext.attention import function
+from hf_rope_ext.attention.engine import traced_step
+from hf_rope_ext.types import registry
+
+TWO_BAND = sorted(
+    m.name for m in registry.methods() if m.kind == "attention" and len(m.attention.bands) == 2 and not m.attention.chunks
+)
+KV = 20  # key slots of the step
+
+
+def module_of(name: str, **params):
+    rope = with_rope(name, ENGINE_PARAMS[name], **params)
+    return tiny_model("llama", rope, num_hidden_layers=1).model.layers[0].self_attn
+
+
+def step_inputs(seed: int = 0, batch: int = 2, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, 4, 1, 16, generator=g).to(dtype)
+    k, v = (torch.randn(batch, 2, KV, 16, generator=g).to(dtype) for _ in range(2))
+    return q, k, v
+
+
+def masks() -> dict:
+    """Step masks [B, 1 or H, 1, KV] a traced call can get, by name."""
+    slots = torch.arange(KV)
+    filled = slots < 15  # a static cache: 15 slots written, 5 unfilled
+    padded = filled & (slots[None] >= torch.tensor([[0], [6]]))  # the second row left-padded by 6
+    hole = filled & (slots != 12) & (slots != 9)  # holes inside the window
+    graded = torch.where(filled, -0.1 * (KV - slots).float(), torch.finfo(torch.float32).min)  # an additive bias
+    per_head = graded[None].repeat(4, 1) * torch.arange(1, 5)[:, None]  # a bias of its own per query head
+    return {
+        "none": None,
+        "static": filled[None, None, None],
+        "left-padded": padded[:, None, None],
+        "holes": hole[None, None, None],
+        "graded": graded[None, None, None],
+        "per-head": per_head[None, :, None].expand(2, 4, 1, KV),
+    }
+
+
+def positions_of(mask, batch: int) -> torch.Tensor:
+    """The step's query position: the number of keys it sees, less one (as generate counts them)."""
+    if mask is None:
+        return torch.full((batch, 1), KV - 1)
+    seen = (mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2).any(1).any(1)
+    return (seen.expand(batch, KV).sum(-1, keepdim=True) - 1).long()
+
+
+def traced(module, *args, **kwargs) -> torch.Tensor:
+    """The attention output of the path a torch.compile trace takes, run uncompiled."""
+    with mock.patch.object(torch.compiler, "is_compiling", lambda: True):
+        return function.attend("sdpa", module, *args, **kwargs)[0]
+
+
+@pytest.mark.parametrize("mask_name", list(masks()))
+@pytest.mark.parametrize("window", [3, 8, 40])
+@pytest.mark.parametrize("name", TWO_BAND)
+def test_a_traced_decode_step_equals_the_reference_engine(name, window, mask_name):
+    """float32, GQA (4 / 2 heads), two batch rows; windows shorter than, within and longer than the cache."""
+    module, mask = module_of(name, window=window), masks()[mask_name]
+    q, k, v = step_inputs()
+    pos = positions_of(mask, 2)
+    got = traced(module, q, k, v, mask, position_ids=pos)
+    expected = function.attend("eager", module, q, k, v, mask, position_ids=pos)[0]
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", TWO_BAND)
+def test_a_bfloat16_step_stays_within_rounding_of_the_float32_reference(name):
+    module, mask = module_of(name, window=6), masks()["left-padded"]
+    q, k, v = step_inputs(1, dtype=torch.bfloat16)
+    pos = positions_of(mask, 2)
+    got = traced(module.to(torch.bfloat16), q, k, v, mask, position_ids=pos).float()
+    expected = function.attend("eager", module.float(), q.float(), k.float(), v.float(), mask, position_ids=pos)[0]
+    assert (got - expected).abs().max() <= 4 * 2**-8 * float(expected.abs().max())
+
+
+def rotated_rows(module, mask) -> list[int]:
+    """The rows of every tensor the traced step rotates."""
+    rows = []
+
+    def counting(x, *args, **kwargs):
+        rows.append(x.shape[2])
+        return rotate(x, *args, **kwargs)
+
+    rotate = traced_step.rotate
+    q, k, v = step_inputs()
+    with mock.patch.object(traced_step, "rotate", counting):
+        traced(module, q, k, v, mask, position_ids=positions_of(mask, 2))
+    return rows
+
+
+@pytest.mark.parametrize("name", TWO_BAND)
+def test_the_near_band_rotates_only_its_window_slots(name):
+    """Both queries, the window's 5 keys; the whole cache only for a far band whose keys turn (ReRoPE's do not)."""
+    rows = sorted(rotated_rows(module_of(name, window=5), masks()["static"]))
+    far_turns = registry.get_method(name).attention.bands[1].key_position is not traced_step.origin
+    assert rows == [1, 1, 5, *([KV] if far_turns else [])]
+
+
+@pytest.mark.parametrize(
+    ("name", "q_len", "training", "expected"),
+    [("rerope", 1, False, True), ("rerope", 3, False, False), ("rerope", 1, True, False), ("xpos", 1, False, False),
+     ("roper", 1, False, False), ("dual_chunk", 1, False, False), ("self_extend", 1, False, True)],
+)  # fmt: skip
+def test_the_step_plan_takes_one_query_of_a_two_band_type(name, q_len, training, expected):
+    params = dict(registry.get_method(name).example or {}) | ENGINE_PARAMS.get(name, {})
+    module = tiny_model("llama", with_rope(name, params), num_hidden_layers=1).model.layers[0].self_attn
+    layer = function.resolve(module)
+    q, k, v = torch.randn(1, 4, q_len, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)
+    call = function.make_call(layer, module, q, k, v, None, torch.arange(9 - q_len, 9)[None], None)
+    assert traced_step.applies(call, dropout=0.1 if training else 0.0, training=training) is expected
+
+
+def test_a_growing_cache_passes_the_window_without_recompiling():
+    """Dynamic shapes, a DynamicCache: the step's window is min(w, kv) keys, symbolic, not a guard on kv."""
+    torch._dynamo.reset()
+    model = tiny_model("mistral", with_rope("rerope", {"window": 16}), attn_implementation="sdpa", num_hidden_layers=1)
+    ids = torch.randint(3, 97, (1, 5), generator=torch.Generator().manual_seed(2))
+    options = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        expected = model.generate(ids, **options)
+        model.forward = torch.compile(model.forward, fullgraph=True, backend="eager", dynamic=True)
+        model.generate(ids[:, :4], max_new_tokens=2, do_sample=False, pad_token_id=0)  # the two graphs
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            got = model.generate(ids, **options)
+    assert torch.equal(got, expected)
