@@ -15,9 +15,7 @@ from hf_rope_ext.attention import function
 from hf_rope_ext.attention.engine import traced_step
 from hf_rope_ext.types import registry
 
-TWO_BAND = sorted(
-    m.name for m in registry.methods() if m.kind == "attention" and len(m.attention.bands) == 2 and not m.attention.chunks
-)
+TWO_BAND = sorted(m.name for m in registry.methods() if m.kind == "attention" and m.attention.far is not None)
 KV = 20  # key slots of the step
 
 

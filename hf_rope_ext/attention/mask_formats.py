@@ -195,7 +195,8 @@ def step_padding(mask: torch.Tensor) -> tuple[int, str, torch.Tensor]:
     """What a decode step's mask [B or 1, 1, 1, kv] hides, read once for all the layers handed it (``per_mask``):
     (end: past the last key a row sees, a static cache's filled length; what the mask's first ``end`` keys hide:
     "none", "left" (each row sees the keys from some index on, the newest included: left padding, a sliding window)
-    or "other" (anything else, or an additive mask with a bias: ``graded``); the mask cut to ``end``, known to ``per_mask`` as such, so the layers read nothing more from it).
+    or "other" (anything else, or an additive mask with a bias: ``graded``); the mask cut to ``end``, known to
+    ``per_mask`` as such, so the layers read nothing more from it).
     One read where the newest key is seen (a dynamic cache), two where it is not (a static cache's unfilled end)."""
 
     def read() -> tuple[int, str, torch.Tensor]:
