@@ -7,8 +7,8 @@
    cache write, attention) compiled with ``torch.compile(fullgraph=True, mode=--mode)``: on CUDA ``reduce-overhead``,
    a CUDA graph replayed every step. First the check: the compiled first step against the same step uncompiled on a
    copy of the cache (max |error| / max |output|; past ``--bound`` the row says FAIL and the script exits 3). Then
-   ``--steps`` timed steps after ``--warmup`` ones (median ms per step), and one profiled step: the kernels with the
-   most device time (CPU: operations with the most CPU time) name what ran.
+   ``--steps`` timed steps after ``--warmup`` ones (median ms per step, with its quartiles and the step count), and
+   one profiled step: the kernels with the most device time (CPU: operations with the most CPU time) name what ran.
 2. ``generate``: a Llama of ``--model-shape`` (``1b``: Llama 3.2 1B's shape, random weights, bf16) reading a
    ``--prompt``-token prompt and generating ``--new-tokens`` greedy tokens with ``cache_implementation="static"``
    (transformers compiles the decode step itself on CUDA, with its default CompileConfig), for ``--model-types``
@@ -108,7 +108,14 @@ def graphed_row(name: str, args) -> dict:
             times.append(time.perf_counter() - start)
         kernels = kernels_ran(lambda: compiled(*inputs(), cache), args.device)
     what = {"pass": "graphed", "tokens": args.cached, "rope_type": name, "mode": args.mode, "backend": args.backend}
-    return {**what, "ms": 1e3 * statistics.median(times), "error": error, "ok": error <= args.bound, "kernels": kernels}
+    spread = {"ms": 1e3 * statistics.median(times), "ms_quartiles": quartiles(times), "steps": len(times)}
+    return {**what, **spread, "error": error, "ok": error <= args.bound, "kernels": kernels}
+
+
+def quartiles(seconds: list[float]) -> list[float]:
+    """[first, third] quartile of step times, in ms (one step: itself twice)."""
+    ms = [1e3 * s for s in seconds]
+    return [ms[0], ms[0]] if len(ms) < 2 else statistics.quantiles(ms, n=4)[::2]
 
 
 def model_of(name: str, shape: str, device: str) -> LlamaForCausalLM:
@@ -150,11 +157,12 @@ def generate_row(name: str, args) -> dict:
 def table(records: list[dict]) -> list[str]:
     """One row per record, each type's ratio to plain in its pass (time ratio; generate: plain's tokens/s over the
     type's, so above 1 is slower either way)."""
-    lines = ["| pass | tokens | rope_type | ms/step or tokens/s | x plain | check | kernels |", "| --- " * 7 + "|"]
+    lines = ["| pass | tokens | rope_type | ms/step (quartiles, steps) or tokens/s | x plain | check | kernels |", "| --- " * 7 + "|"]
     for r in records:
         plain = next(p for p in records if p["pass"] == r["pass"] and p["rope_type"] == "default")
         if r["pass"] == "graphed":
-            value, ratio = f"{r['ms']:.3f} ms", r["ms"] / plain["ms"]
+            q1, q3 = r["ms_quartiles"]
+            value, ratio = f"{r['ms']:.3f} ms ({q1:.3f}-{q3:.3f}, n={r['steps']})", r["ms"] / plain["ms"]
             check = f"{r['error']:.1e}" + ("" if r["ok"] else " FAIL")
         else:
             rate, base = r["tokens_per_s"], plain["tokens_per_s"]

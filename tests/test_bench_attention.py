@@ -87,9 +87,10 @@ def test_compiled_decode_benchmark_checks_times_and_names_kernels_and_fails_loud
     graphed = {r["rope_type"]: r for r in records if r["pass"] == "graphed"}
     assert graphed["default"]["ok"] and not graphed["self_extend"]["ok"] and graphed["self_extend"]["error"] < 2**-6
     assert all(r["kernels"] for r in records) and all(r["tokens_per_s"] > 0 for r in records if r["pass"] == "generate")
+    assert all(r["steps"] == 1 and r["ms_quartiles"] == [r["ms"]] * 2 for r in graphed.values())
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_report.py"), str(tmp_path)], check=True, env=env)
     report = (tmp_path / "gpu.md").read_text()
-    assert "Compiled decode" in report and "| graphed | 40 | self_extend |" in report and "FAIL" in report
+    assert "Compiled decode" in report and "| graphed | 40 | self_extend |" in report and "FAIL" in report and ", n=1) |" in report
 
 
 def test_training_benchmark_has_a_row_per_training_free_attention_type():
