@@ -3,11 +3,12 @@
     python scripts/mutate_cuda_path.py [--only N ...] [--tests FILE ...] [--keep]
 
 The CUDA kernel (torch's fused ops, compiled flex_attention) never runs in the tests (no GPU in CI), so they run it
-through CPU twins (``tests/test_attention_engines.py``, ``tests/test_dense_ops.py``); a twin that ignored the block
-lists let wrong lists pass every test. Each
-mutation below replaces one exact fragment of a package module (it must occur exactly once, so the script fails
-loudly when the code moves on); the tests then run in the copy with ``pytest -x``. The script prints, per mutation,
-the first test that failed ("caught") or "SURVIVED", and exits 1 if any survived or if the unchanged copy fails.
+through CPU twins (``tests/test_attention_engines.py``, ``tests/test_dense_ops.py``), and the compiled decode step
+through its path run uncompiled (``tests/test_traced_step.py``); a twin that ignored the block lists let wrong lists
+pass every test. Each mutation below replaces one exact fragment of a package module (it must occur exactly once, so
+the script fails loudly when the code moves on); the tests then run in the copy with ``pytest -x``. The script prints,
+per mutation, the first test that failed ("caught") or "SURVIVED", and exits 1 if any survived or if the unchanged
+copy fails.
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ MASKS = "hf_rope_ext/attention/mask_formats.py"
 KERNELS = "hf_rope_ext/attention/engine/kernels.py"
 SINGLE = "hf_rope_ext/attention/engine/single_band.py"
 FUSED = "hf_rope_ext/attention/engine/dense_ops.py"
-TESTS = ["tests/test_attention_engines.py", "tests/test_attention_implementations.py", "tests/test_dense_ops.py"]
+STEP = "hf_rope_ext/attention/engine/traced_step.py"
+TESTS = [
+    "tests/test_attention_engines.py",
+    "tests/test_attention_implementations.py",
+    "tests/test_dense_ops.py",
+    "tests/test_traced_step.py",
+]
 
 # (what it breaks, module, fragment, replacement)
 MUTATIONS = [
@@ -161,6 +168,12 @@ MUTATIONS = [
     ("fused ops: the lse check's causal scores one key wide", FUSED, ".triu(1)", ".triu(2)"),
     ("fused ops: the lse check kept across causal flags", FUSED, "key = (backend, causal,", "key = (backend,"),
     ("a long band on CUDA kept one piece", KERNELS, "max(WHOLE_ROWS, -(-total // BAND_PARTS))", "2**62"),
+    ("compiled step: the near band's slots one key too old", STEP, "- torch.arange(n,", "- 1 - torch.arange(n,"),
+    ("compiled step: the far part from the near span's edge on", STEP, "call.k_pos >= span", "call.k_pos > span"),
+    ("compiled step: Dual Chunk's near span one chunk", STEP, "return 2 * form.chunks(", "return form.chunks("),
+    ("compiled step: a repeated near slot kept", STEP, "rank >= 1", "rank >= 0"),
+    ("compiled step: the near band's mask not applied", STEP, "else mask_at(mask, slots)", "else None"),
+    ("compiled step: the slot after a hole taken", STEP, "rank.clamp(min=1))", "rank.clamp(min=1), right=True)"),
 ]
 
 

@@ -1,7 +1,7 @@
-"""A two-band type's decode step as torch.compile traces it (``engine.traced_step``: the near band over its window's
-slots, gathered on the device) against the reference engine, on the masks a compiled step meets and on masks no
-generate makes (holes, graded and per-head additive masks); the work it leaves out; no recompilation as a growing
-cache passes the window under dynamic shapes."""
+"""A banded type's decode step as torch.compile traces it (``engine.traced_step``: the near bands over the slots of the
+newest keys, gathered on the device, the last band over all) against the reference engine, on the masks a compiled
+step meets and on masks no generate makes (holes, graded and per-head additive masks); the work it leaves out; no
+recompilation as a growing cache passes the window under dynamic shapes."""
 
 from __future__ import annotations
 
@@ -12,15 +12,24 @@ import torch
 from conftest import ENGINE_PARAMS, tiny_model, with_rope
 
 from hf_rope_ext.attention import function
-from hf_rope_ext.attention.engine import traced_step
+from hf_rope_ext.attention.engine import reference, traced_step
 from hf_rope_ext.types import registry
 
-TWO_BAND = sorted(m.name for m in registry.methods() if m.kind == "attention" and m.attention.far is not None)
+BANDED = sorted(m.name for m in registry.methods() if m.kind == "attention" and len(m.attention.bands) > 1)
 KV = 20  # key slots of the step
 
 
-def module_of(name: str, **params):
-    rope = with_rope(name, ENGINE_PARAMS[name], **params)
+SPANS = {3: (3, 1), 8: (6, 2), 40: (25, 5)}  # N -> Dual Chunk Attention's (chunk_size, local_size), 2c near N
+
+
+def module_of(name: str, span: int):
+    """A one-layer Llama's attention whose near bands reach the ``span`` newest keys (about, for Dual Chunk
+    Attention: 2c of ``SPANS``)."""
+    if name == "dual_chunk":
+        size, local = SPANS[span]
+        rope = with_rope(name, ENGINE_PARAMS[name], chunk_size=size, local_size=local)
+    else:
+        rope = with_rope(name, ENGINE_PARAMS[name], window=span)
     return tiny_model("llama", rope, num_hidden_layers=1).model.layers[0].self_attn
 
 
@@ -64,11 +73,11 @@ def traced(module, *args, **kwargs) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("mask_name", list(masks()))
-@pytest.mark.parametrize("window", [3, 8, 40])
-@pytest.mark.parametrize("name", TWO_BAND)
-def test_a_traced_decode_step_equals_the_reference_engine(name, window, mask_name):
-    """float32, GQA (4 / 2 heads), two batch rows; windows shorter than, within and longer than the cache."""
-    module, mask = module_of(name, window=window), masks()[mask_name]
+@pytest.mark.parametrize("span", list(SPANS))
+@pytest.mark.parametrize("name", BANDED)
+def test_a_traced_decode_step_equals_the_reference_engine(name, span, mask_name):
+    """float32, GQA (4 / 2 heads), two batch rows; near spans shorter than, within and longer than the cache."""
+    module, mask = module_of(name, span), masks()[mask_name]
     q, k, v = step_inputs()
     pos = positions_of(mask, 2)
     got = traced(module, q, k, v, mask, position_ids=pos)
@@ -76,9 +85,9 @@ def test_a_traced_decode_step_equals_the_reference_engine(name, window, mask_nam
     torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
 
 
-@pytest.mark.parametrize("name", TWO_BAND)
+@pytest.mark.parametrize("name", BANDED)
 def test_a_bfloat16_step_stays_within_rounding_of_the_float32_reference(name):
-    module, mask = module_of(name, window=6), masks()["left-padded"]
+    module, mask = module_of(name, 8), masks()["left-padded"]
     q, k, v = step_inputs(1, dtype=torch.bfloat16)
     pos = positions_of(mask, 2)
     got = traced(module.to(torch.bfloat16), q, k, v, mask, position_ids=pos).float()
@@ -96,25 +105,30 @@ def rotated_rows(module, mask) -> list[int]:
 
     rotate = traced_step.rotate
     q, k, v = step_inputs()
-    with mock.patch.object(traced_step, "rotate", counting):
+    with mock.patch.object(traced_step, "rotate", counting), mock.patch.object(reference, "rotate", counting):
         traced(module, q, k, v, mask, position_ids=positions_of(mask, 2))
     return rows
 
 
-@pytest.mark.parametrize("name", TWO_BAND)
-def test_the_near_band_rotates_only_its_window_slots(name):
-    """Both queries, the window's 5 keys; the whole cache only for a far band whose keys turn (ReRoPE's do not)."""
-    rows = sorted(rotated_rows(module_of(name, window=5), masks()["static"]))
-    far_turns = registry.get_method(name).attention.bands[1].key_position is not traced_step.origin
-    assert rows == [1, 1, 5, *([KV] if far_turns else [])]
+@pytest.mark.parametrize("name", BANDED)
+def test_only_the_last_band_reads_the_whole_cache(name):
+    """Queries and the near span's keys (n = min(N, kv) rows) rotated for the near bands; the whole cache rotated at
+    most once, for the last band, and not at all where its keys do not turn (ReRoPE's)."""
+    module = module_of(name, 8)
+    n = 2 * (SPANS[8][0] - SPANS[8][1]) if name == "dual_chunk" else 8
+    rows = rotated_rows(module, masks()["static"])
+    last = registry.get_method(name).attention.bands[-1]
+    assert sorted(r for r in rows if r > n) == ([KV] if last.key_position is not traced_step.origin else [])
+    assert n in rows and all(r in (1, n, KV) for r in rows)
 
 
 @pytest.mark.parametrize(
     ("name", "q_len", "training", "expected"),
     [("rerope", 1, False, True), ("rerope", 3, False, False), ("rerope", 1, True, False), ("xpos", 1, False, False),
-     ("roper", 1, False, False), ("dual_chunk", 1, False, False), ("self_extend", 1, False, True)],
+     ("roper", 1, False, False), ("dual_chunk", 1, False, True), ("dual_chunk", 2, False, False),
+     ("self_extend", 1, False, True)],
 )  # fmt: skip
-def test_the_step_plan_takes_one_query_of_a_two_band_type(name, q_len, training, expected):
+def test_the_step_plan_takes_one_query_of_a_banded_type(name, q_len, training, expected):
     params = dict(registry.get_method(name).example or {}) | ENGINE_PARAMS.get(name, {})
     module = tiny_model("llama", with_rope(name, params), num_hidden_layers=1).model.layers[0].self_attn
     layer = function.resolve(module)

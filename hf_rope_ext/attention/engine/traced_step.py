@@ -1,18 +1,21 @@
-"""A two-band type's decode step while torch.compile traces it: the near band over the few key slots that can hold
-it, gathered by indices computed on the device, the far band over every slot, one softmax over both.
+"""A decode step of a banded type while torch.compile traces it: the bands near the query over the few key slots that
+can hold them, gathered by indices computed on the device, the last band over every slot, one softmax over both.
 
-The reference engine scores every band against every key slot (a StaticCache's whole ``max_cache_len``), so a
-traced step would rotate the whole cache for the near band and score it twice. A single query's near band holds at
-most its w newest visible keys (w = ``rope_parameters["window"]``; cached keys hold consecutive positions over the
-visible ones, ``call.key_positions``), so here:
+The reference engine scores every band against every key slot (a StaticCache's whole ``max_cache_len``), so a traced
+step would rotate the whole cache once per band and score it once per band. A single query's near bands reach only
+its N newest visible keys (cached keys hold consecutive positions over the visible ones, ``call.key_positions``): a
+two-band type's window (N = w: keys at distance < w), Dual Chunk Attention's same and previous chunk (N = 2c: a key
+at distance >= 2c is two or more chunks back). Beyond N every pair is in the last band (``"beyond"``, Dual Chunk Attention's inter-chunk band). So here:
 
-- their slots are found from the running count of visible keys (``torch.searchsorted``: the slot where the count
-  reaches total - r holds the r-th newest visible key), so left padding, a static cache's unfilled end and any hole
-  in the mask are served alike; n = min(w, kv) slots, a static shape under static shapes (nothing read back);
-- the near band's queries and the n gathered keys are rotated by their own positions, the far band's queries by
-  the band's query position against every key rotated by its key position (ReRoPE's keys are read as cached);
-- each band's scores are masked by the mask and by its own range (a far key within the window, a near slot that
-  repeats because fewer than w keys are visible: hidden), then one float32 softmax over [far | near] weighs the
+- the N newest visible keys' slots are found from the running count of visible keys (``torch.searchsorted``: the
+  slot where the count reaches total - r holds the r-th newest visible key), so left padding, a static cache's
+  unfilled end and any hole in the mask are served alike; min(N, kv) slots, a static shape under static shapes
+  (nothing read back);
+- the gathered keys are scored by every band as the reference engine scores them (``reference.chunk_scores`` on the
+  call cut to those keys), the last band alone on every slot (ReRoPE's keys as cached, the others' rotated by the
+  band's key positions);
+- each part's scores are masked by the mask and by its own range (a slot within N in the far part, a gathered slot
+  that repeats because fewer than N keys are visible: hidden), then one float32 softmax over [far | near] weighs the
   whole cache's values and the gathered ones (:func:`reference.weights`, as the reference engine's).
 
 Pairs are scored and weighed as the reference engine scores them; only the order of the value sums differs.
@@ -20,21 +23,29 @@ Pairs are scored and weighed as the reference engine scores them; only the order
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..methods.form import origin
 from ..rotation import rotate
 from .call import Call, visible_keys
-from .reference import additive, grouped_product, positions, weights
+from .reference import additive, chunk_scores, grouped_product, positions, weights
+
+
+def near_span(call: Call) -> int | None:
+    """N: a single query's bands other than the last reach only keys at distance < N (None: no such bound)."""
+    form = call.form
+    if form.chunks is not None:
+        return 2 * form.chunks(call.params)
+    return int(call.params["window"]) if form.far is not None and form.bands[-1] is form.far else None
 
 
 def applies(call: Call, dropout: float, training: bool) -> bool:
-    """Whether this step plan runs ``call``: one query of a two-band form (a near ``"window"`` band then a far
-    ``"beyond"`` one, no decay, no value turn); dropout while training stays with the reference engine."""
-    bands = call.form.bands
-    two = len(bands) == 2 and bands[0].keys == "window" and bands[1].keys == "beyond"
-    plain = call.form.decay is None and call.form.values is None and call.form.chunks is None
-    return call.query.shape[2] == 1 and two and plain and not (training and dropout > 0)
+    """Whether this step plan runs ``call``: one query of a banded form with a near span (no decay, no value turn);
+    dropout while training stays with the reference engine."""
+    plain = call.form.decay is None and call.form.values is None and len(call.form.bands) > 1
+    return call.query.shape[2] == 1 and plain and near_span(call) is not None and not (training and dropout > 0)
 
 
 def near_slots(visible: torch.Tensor, n) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,32 +72,38 @@ def mask_at(mask: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 
 def band_mask(mask, band: torch.Tensor, dtype) -> torch.Tensor:
-    """The additive mask [B, Hm, 1, n] of one band: ``mask`` (None, bool or additive, [.., 1, n]) with the pairs
+    """The additive mask [B, Hm, 1, n] of one part: ``mask`` (None, bool or additive, [.., 1, n]) with the pairs
     outside ``band`` [B, n] bool hidden."""
     base = additive(mask, dtype) if mask is not None else torch.zeros((), dtype=dtype, device=band.device)
     return base.masked_fill(~band[:, None, None, :], torch.finfo(base.dtype).min)
 
 
-def scored(call: Call, index: int, keys: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
-    """q k^T [B, H, 1, n] of band ``index``: the query and ``keys`` [B, Hkv, n, d] (at positions key_pos [B, n])
-    rotated by the band's positions (keys at ``origin``: as they are)."""
-    band = call.form.bands[index]
+def far_scores(call: Call) -> torch.Tensor:
+    """q k^T [B, H, 1, kv] of the last band against every key slot, at the band's positions (keys at ``origin``: as
+    cached)."""
+    band = call.form.bands[-1]
     q = rotate(call.query, positions(band.query_position, call.q_pos, call.params), call.inv_freq)
+    keys = call.key
     if band.key_position is not origin:
-        keys = rotate(keys, positions(band.key_position, key_pos, call.params), call.inv_freq)
+        keys = rotate(keys, positions(band.key_position, call.k_pos, call.params), call.inv_freq)
     return grouped_product(q, keys.transpose(-1, -2))
+
+
+def near_scores(call: Call, slots: torch.Tensor) -> torch.Tensor:
+    """q k^T [B, H, 1, n] of the keys at ``slots``, each pair in its band (the reference engine's choice)."""
+    k_pos = call.k_pos.gather(1, slots)
+    near = dataclasses.replace(call, key=gather_slots(call.key, slots), state={"k_pos": k_pos}, memory=None)
+    return chunk_scores(near, slice(0, 1))
 
 
 def run(call: Call, mask, scale: float, dropout=0.0, training=False, softcap=None) -> torch.Tensor:
     """The step's output [B, H, 1, dv]; ``mask`` None or [B or 1, 1 or H, 1, kv] (bool or additive)."""
-    batch, kv = call.query.shape[0], call.key.shape[2]
+    batch, kv, span = call.query.shape[0], call.key.shape[2], near_span(call)
     visible = visible_keys(mask, batch, kv, call.query.device)
-    slots, present = near_slots(visible, torch.sym_min(int(call.params["window"]), kv))
-    far = call.q_pos - call.k_pos >= int(call.params["window"])  # [B, kv]: keys beyond the window
-    near = scored(call, 0, gather_slots(call.key, slots), call.k_pos.gather(1, slots))  # [B, H, 1, n]
-    scores = torch.cat((scored(call, 1, call.key, call.k_pos), near), dim=-1)  # [B, H, 1, kv + n]
+    slots, present = near_slots(visible, torch.sym_min(span, kv))
+    far = call.q_pos - call.k_pos >= span  # [B, kv]: keys beyond the near bands' reach
+    scores = torch.cat((far_scores(call), near_scores(call, slots)), dim=-1)  # [B, H, 1, kv + n]
     near_mask = None if mask is None else mask_at(mask, slots)
     masks = torch.cat((band_mask(mask, far, scores.dtype), band_mask(near_mask, present, scores.dtype)), dim=-1)
     w = weights(scores, masks, scale, dropout, training, softcap, call.value.dtype)
-    near_values = gather_slots(call.value, slots)
-    return grouped_product(w[..., :kv], call.value) + grouped_product(w[..., kv:], near_values)
+    return grouped_product(w[..., :kv], call.value) + grouped_product(w[..., kv:], gather_slots(call.value, slots))
