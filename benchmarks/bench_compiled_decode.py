@@ -157,7 +157,8 @@ def generate_row(name: str, args) -> dict:
 def table(records: list[dict]) -> list[str]:
     """One row per record, each type's ratio to plain in its pass (time ratio; generate: plain's tokens/s over the
     type's, so above 1 is slower either way)."""
-    lines = ["| pass | tokens | rope_type | ms/step (quartiles, steps) or tokens/s | x plain | check | kernels |", "| --- " * 7 + "|"]
+    head = "| pass | tokens | rope_type | ms/step (quartiles, steps) or tokens/s | x plain | check | kernels |"
+    lines = [head, "| --- " * 7 + "|"]
     for r in records:
         plain = next(p for p in records if p["pass"] == r["pass"] and p["rope_type"] == "default")
         if r["pass"] == "graphed":

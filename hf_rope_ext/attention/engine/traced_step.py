@@ -5,7 +5,8 @@ The reference engine scores every band against every key slot (a StaticCache's w
 step would rotate the whole cache once per band and score it once per band. A single query's near bands reach only
 its N newest visible keys (cached keys hold consecutive positions over the visible ones, ``call.key_positions``): a
 two-band type's window (N = w: keys at distance < w), Dual Chunk Attention's same and previous chunk (N = 2c: a key
-at distance >= 2c is two or more chunks back). Beyond N every pair is in the last band (``"beyond"``, Dual Chunk Attention's inter-chunk band). So here:
+at distance >= 2c is two or more chunks back). Beyond N every pair is in the last band (``"beyond"``, Dual Chunk
+Attention's inter-chunk band). So here:
 
 - the N newest visible keys' slots are found from the running count of visible keys (``torch.searchsorted``: the
   slot where the count reaches total - r holds the r-th newest visible key), so left padding, a static cache's
