@@ -9,10 +9,13 @@
    copy of the cache (max |error| / max |output|; past ``--bound`` the row says FAIL and the script exits 3). Then
    ``--steps`` timed steps after ``--warmup`` ones (median ms per step, with its quartiles and the step count), and
    one profiled step: the kernels with the most device time (CPU: operations with the most CPU time) name what ran.
-2. ``generate``: a Llama of ``--model-shape`` (``1b``: Llama 3.2 1B's shape, random weights, bf16) reading a
+2. ``generate``: a Llama of ``--model-shape`` (``1b``: Llama 3.2 1B's shape, random weights, bf16), or the saved
+   model of ``--model`` (bf16, its rope switched to each type with this script's parameters), reading a
    ``--prompt``-token prompt and generating ``--new-tokens`` greedy tokens with ``cache_implementation="static"``
    (transformers compiles the decode step itself on CUDA, with its default CompileConfig), for ``--model-types``
-   and plain: decode tokens/s = (N - 1) / (time of N tokens - time of 1), both timed after a warm-up run of N.
+   and plain. First the check: the compiled run's tokens against the uncompiled run's (``disable_compile``; other
+   tokens: the row says FAIL and the script exits 3). Then decode tokens/s = (N - 1) / (time of N tokens - time of
+   1), both timed after the compiled run of N.
 On a CPU (``--device cpu``: toy sizes, the tests) transformers is told to compile too (``_compile_all_devices``)
 with ``--backend`` (default ``eager``) and no mode.
 """
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from transformers import AttentionInterface, CompileConfig, LlamaConfig, LlamaForCausalLM
+from transformers import AttentionInterface, AutoModelForCausalLM, CompileConfig, LlamaConfig, LlamaForCausalLM
 
 import hf_rope_ext
 
@@ -118,16 +121,26 @@ def quartiles(seconds: list[float]) -> list[float]:
     return [ms[0], ms[0]] if len(ms) < 2 else statistics.quantiles(ms, n=4)[::2]
 
 
-def model_of(name: str, shape: str, device: str) -> LlamaForCausalLM:
+def model_of(name: str, args):
+    """The generate pass's model: a saved one (``--model``, its rope switched to ``name`` with the benchmark's
+    parameters) or a Llama of ``--model-shape`` with random weights, bf16, sdpa."""
+    if args.model:
+        params = {k: v for k, v in bench.TYPES[name].items() if k != "rope_type"}
+        rope = None if name == "default" else hf_rope_ext.rope_parameters_for(args.model, name, **params)
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model, rope_parameters=rope, dtype=torch.bfloat16, attn_implementation="sdpa"
+        )
+        return model.to(args.device).eval()
     rope = {"rope_theta": 500000.0, **bench.TYPES[name]}
-    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, rope_parameters=rope, tie_word_embeddings=True)
+    shape = SHAPES[args.model_shape]
+    config = LlamaConfig(**shape, max_position_embeddings=4096, rope_parameters=rope, tie_word_embeddings=True)
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval()
+    return LlamaForCausalLM(config).to(device=args.device, dtype=torch.bfloat16).eval()
 
 
 def generate_row(name: str, args) -> dict:
     """Decode tokens/s of ``generate(cache_implementation="static")`` (module docstring, 2)."""
-    model = model_of(name, args.model_shape, args.device)
+    model = model_of(name, args)
     ids = torch.randint(3, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0))
     ids = ids.to(args.device)
     options = dict(do_sample=False, pad_token_id=0, cache_implementation="static")
@@ -136,12 +149,14 @@ def generate_row(name: str, args) -> dict:
         config._compile_all_devices = True
         options["compile_config"] = config
 
-    def run(tokens: int):
+    def run(tokens: int, **switch) -> torch.Tensor:
         with torch.no_grad():
-            model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **options)
+            out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **{**options, **switch})
         sync(args.device)
+        return out
 
-    run(args.new_tokens)  # compiles the decode step
+    uncompiled = run(args.new_tokens, disable_compile=True, compile_config=None)
+    same = bool(torch.equal(run(args.new_tokens), uncompiled))  # compiles the decode step
     seconds = {}
     for tokens in (1, args.new_tokens):
         start = time.perf_counter()
@@ -151,7 +166,9 @@ def generate_row(name: str, args) -> dict:
     kernels = kernels_ran(lambda: run(args.new_tokens), args.device)
     what = {"pass": "generate", "tokens": args.prompt, "new_tokens": args.new_tokens, "rope_type": name}
     rate = (args.new_tokens - 1) / decode if decode > 0 else None
-    return {**what, "shape": args.model_shape, "prefill_s": seconds[1], "tokens_per_s": rate, "kernels": kernels}
+    shape = args.model or args.model_shape
+    timed = {"prefill_s": seconds[1], "tokens_per_s": rate, "same_tokens": same, "kernels": kernels}
+    return {**what, "shape": shape, **timed}
 
 
 def table(records: list[dict]) -> list[str]:
@@ -167,7 +184,8 @@ def table(records: list[dict]) -> list[str]:
             check = f"{r['error']:.1e}" + ("" if r["ok"] else " FAIL")
         else:
             rate, base = r["tokens_per_s"], plain["tokens_per_s"]
-            value, ratio, check = f"{rate or 0:.1f} tok/s", (base / rate if rate and base else float("nan")), "-"
+            value, ratio = f"{rate or 0:.1f} tok/s", (base / rate if rate and base else float("nan"))
+            check = "same tokens" if r.get("same_tokens") else "tokens differ FAIL"
         lines.append(f"| {r['pass']} | {r['tokens']} | {r['rope_type']} | {value} | {ratio:.2f} | {check} | "
                      f"{r['kernels']} |")  # fmt: skip
     return lines
@@ -187,6 +205,7 @@ def parse(argv=None):
     parser.add_argument("--bound", type=float, default=2**-6, help="largest relative error of the compiled step")
     parser.add_argument("--model-types", nargs="*", default=["rerope", "self_extend"], choices=list(bench.TYPES))
     parser.add_argument("--model-shape", default="1b", choices=list(SHAPES))
+    parser.add_argument("--model", help="a saved model folder for the generate pass instead of --model-shape")
     parser.add_argument("--prompt", type=int, default=32768, help="prompt tokens of the generate pass")
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--json", help="also write every record here")
@@ -221,7 +240,10 @@ def main(argv=None) -> int:
     failed = [r["rope_type"] for r in records if r["pass"] == "graphed" and not r["ok"]]
     if failed:
         print(f"FAIL: the compiled step is off the uncompiled one past {args.bound} for {failed}", file=sys.stderr)
-    return CHECK_FAILED if failed else 0
+    differ = [r["rope_type"] for r in records if r["pass"] == "generate" and not r["same_tokens"]]
+    if differ:
+        print(f"FAIL: compiled generate gave other tokens than uncompiled for {differ}", file=sys.stderr)
+    return CHECK_FAILED if failed or differ else 0
 
 
 if __name__ == "__main__":
