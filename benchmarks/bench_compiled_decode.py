@@ -126,11 +126,10 @@ def model_of(name: str, args):
     parameters) or a Llama of ``--model-shape`` with random weights, bf16, sdpa."""
     if args.model:
         params = {k: v for k, v in bench.TYPES[name].items() if k != "rope_type"}
-        rope = None if name == "default" else hf_rope_ext.rope_parameters_for(args.model, name, **params)
-        model = AutoModelForCausalLM.from_pretrained(
-            args.model, rope_parameters=rope, dtype=torch.bfloat16, attn_implementation="sdpa"
-        )
-        return model.to(args.device).eval()
+        switched = name != "default"
+        rope = {"rope_parameters": hf_rope_ext.rope_parameters_for(args.model, name, **params)} if switched else {}
+        options = dict(dtype=torch.bfloat16, attn_implementation="sdpa", **rope)
+        return AutoModelForCausalLM.from_pretrained(args.model, **options).to(args.device).eval()
     rope = {"rope_theta": 500000.0, **bench.TYPES[name]}
     shape = SHAPES[args.model_shape]
     config = LlamaConfig(**shape, max_position_embeddings=4096, rope_parameters=rope, tie_word_embeddings=True)
