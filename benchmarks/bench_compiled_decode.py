@@ -15,7 +15,7 @@
    (transformers compiles the decode step itself on CUDA, with its default CompileConfig), for ``--model-types``
    and plain. First the check: the compiled run's tokens against the uncompiled run's (``disable_compile``; other
    tokens: the row says FAIL and the script exits 3). Then decode tokens/s = (N - 1) / (time of N tokens - time of
-   1), both timed after the compiled run of N.
+   1), both timed after the compiled run of N, ``--repeats`` times (the median, with its quartiles).
 On a CPU (``--device cpu``: toy sizes, the tests) transformers is told to compile too (``_compile_all_devices``)
 with ``--backend`` (default ``eager``) and no mode.
 """
@@ -115,10 +115,10 @@ def graphed_row(name: str, args) -> dict:
     return {**what, **spread, "error": error, "ok": error <= args.bound, "kernels": kernels}
 
 
-def quartiles(seconds: list[float]) -> list[float]:
-    """[first, third] quartile of step times, in ms (one step: itself twice)."""
-    ms = [1e3 * s for s in seconds]
-    return [ms[0], ms[0]] if len(ms) < 2 else statistics.quantiles(ms, n=4)[::2]
+def quartiles(values: list[float], unit: float = 1e3) -> list[float]:
+    """[first, third] quartile of ``values`` times ``unit`` (seconds to ms by default; one value: itself twice)."""
+    scaled = [unit * v for v in values]
+    return [scaled[0], scaled[0]] if len(scaled) < 2 else statistics.quantiles(scaled, n=4)[::2]
 
 
 def model_of(name: str, args):
@@ -156,24 +156,27 @@ def generate_row(name: str, args) -> dict:
 
     uncompiled = run(args.new_tokens, disable_compile=True, compile_config=None)
     same = bool(torch.equal(run(args.new_tokens), uncompiled))  # compiles the decode step
-    seconds = {}
-    for tokens in (1, args.new_tokens):
-        start = time.perf_counter()
-        run(tokens)
-        seconds[tokens] = time.perf_counter() - start
-    decode = seconds[args.new_tokens] - seconds[1]
+    rates, prefill = [], []
+    for _ in range(args.repeats):
+        seconds = {}
+        for tokens in (1, args.new_tokens):
+            start = time.perf_counter()
+            run(tokens)
+            seconds[tokens] = time.perf_counter() - start
+        decode = seconds[args.new_tokens] - seconds[1]
+        rates.append((args.new_tokens - 1) / decode if decode > 0 else float("nan"))
+        prefill.append(seconds[1])
     kernels = kernels_ran(lambda: run(args.new_tokens), args.device)
     what = {"pass": "generate", "tokens": args.prompt, "new_tokens": args.new_tokens, "rope_type": name}
-    rate = (args.new_tokens - 1) / decode if decode > 0 else None
-    shape = args.model or args.model_shape
-    timed = {"prefill_s": seconds[1], "tokens_per_s": rate, "same_tokens": same, "kernels": kernels}
-    return {**what, "shape": shape, **timed}
+    spread = {"tokens_per_s_quartiles": quartiles(rates, 1.0), "repeats": len(rates)}
+    timed = {"prefill_s": statistics.median(prefill), "tokens_per_s": statistics.median(rates), **spread}
+    return {**what, "shape": args.model or args.model_shape, **timed, "same_tokens": same, "kernels": kernels}
 
 
 def table(records: list[dict]) -> list[str]:
     """One row per record, each type's ratio to plain in its pass (time ratio; generate: plain's tokens/s over the
     type's, so above 1 is slower either way)."""
-    head = "| pass | tokens | rope_type | ms/step (quartiles, steps) or tokens/s | x plain | check | kernels |"
+    head = "| pass | tokens | rope_type | ms/step or tokens/s (quartiles, samples) | x plain | check | kernels |"
     lines = [head, "| --- " * 7 + "|"]
     for r in records:
         plain = next(p for p in records if p["pass"] == r["pass"] and p["rope_type"] == "default")
@@ -183,7 +186,9 @@ def table(records: list[dict]) -> list[str]:
             check = f"{r['error']:.1e}" + ("" if r["ok"] else " FAIL")
         else:
             rate, base = r["tokens_per_s"], plain["tokens_per_s"]
-            value, ratio = f"{rate or 0:.1f} tok/s", (base / rate if rate and base else float("nan"))
+            q1, q3 = r.get("tokens_per_s_quartiles", [rate, rate])
+            spread = f" ({q1:.1f}-{q3:.1f}, n={r.get('repeats', 1)})"
+            value, ratio = f"{rate or 0:.1f} tok/s{spread}", (base / rate if rate and base else float("nan"))
             check = "same tokens" if r.get("same_tokens") else "tokens differ FAIL"
         lines.append(f"| {r['pass']} | {r['tokens']} | {r['rope_type']} | {value} | {ratio:.2f} | {check} | "
                      f"{r['kernels']} |")  # fmt: skip
@@ -207,6 +212,7 @@ def parse(argv=None):
     parser.add_argument("--model", help="a saved model folder for the generate pass instead of --model-shape")
     parser.add_argument("--prompt", type=int, default=32768, help="prompt tokens of the generate pass")
     parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=1, help="timed pairs of generate runs (1 and N tokens)")
     parser.add_argument("--json", help="also write every record here")
     args = parser.parse_args(argv)
     args.types = ["default", *(t for t in args.types if t != "default")]
