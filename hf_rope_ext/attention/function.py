@@ -99,8 +99,8 @@ def causal_and_scale(module, call: Call, scaling, kwargs: dict) -> tuple[bool, f
 def attend_traced(layer: Layer, implementation: str, module, query, key, value, mask, scaling, dropout, kwargs):
     """``attend_layer`` while torch.compile traces the call: nothing read back from the device, no Python state
     on tensors, shapes as they come (a static cache's unfilled slots stay, masked, never cut off). No rows are
-    remembered: the reference engine scores every band, its masks built from positions on the device (a two-band
-    type's decode step: ``traced_step``, its near band over the window's slots alone)."""
+    remembered: the reference engine scores every band, its masks built from positions on the device (a banded
+    type's decode step: ``traced_step``, its near bands over the newest keys' slots alone)."""
     softcap = refuse_extras(module, layer.name, implementation, kwargs)
     mask = engine_mask(implementation, mask, query.shape[2], key.shape[2], kwargs, query.device, simplify=False)
     if mask is None:  # an empty static cache (several queries, more keys): the slots after the queries are unfilled
@@ -108,7 +108,7 @@ def attend_traced(layer: Layer, implementation: str, module, query, key, value, 
     check_window_mask(module, layer.name, mask, key, kwargs.get("sliding_window"))
     call = make_call(layer, module, query, key, value, mask, kwargs.get("position_ids"), None)
     causal, scale = causal_and_scale(module, call, scaling, kwargs)
-    if traced_step.applies(call, dropout, module.training):  # a two-band decode step: its window gathered
+    if traced_step.applies(call, dropout, module.training):  # a banded decode step: its near span gathered
         out = traced_step.run(call, mask, scale, dropout, module.training, softcap)
     else:
         out = reference.run(call, mask, causal, scale, dropout, module.training, softcap)
