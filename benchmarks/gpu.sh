@@ -15,13 +15,14 @@
 # 1b. compiled decode (benchmarks/bench_compiled_decode.py): each type's attention step on a StaticCache after 32k
 #    tokens compiled with mode="reduce-overhead" (a CUDA graph), checked against the uncompiled step, against plain
 #    RoPE graphed the same way; and a 1B-shaped Llama's generate(cache_implementation="static") tokens/s after a 32k
-#    prompt for rerope and self_extend against plain; each row names the kernels that ran. A compiled step off its
-#    uncompiled one past the bound (the part's exit status 3) also ends the script with exit status 1 and a FAIL line;
+#    prompt for rerope and self_extend against plain, its tokens checked against the uncompiled generate's; each row
+#    names the kernels that ran. A compiled step off its uncompiled one past the bound, or a compiled generate giving
+#    other tokens (the part's exit status 3), also ends the script with exit status 1 and a FAIL line;
 # 2. long-context LoRA fine-tuning (benchmarks/bench_finetune_gpu.py): tokens/s, MFU, peak memory at 8k and 32k,
 #    and the longest sequence a step fits (1B and 7B shapes);
 # 3. where a decode step's time goes (benchmarks/profile_decode.py): torch.profiler over one attention call after 32k
 #    cached tokens for plain RoPE, ReRoPE, xPos and Dual Chunk Attention, into OUT/profile.txt;
-# 4. the real-model pass key at 32k (experiments/real_model_report.py, issue 24): see the HOOK line below.
+# 4. the real-model pass key at 32k (experiments/real_model_report.py): see the HOOK line below.
 # Then benchmarks/gpu_report.py gathers them into one JSON and one markdown table. Without a CUDA device it stops
 # at once with a message and exit status 2, measuring nothing. PYTHON picks the interpreter (default .venv/bin/python).
 # GPU_LEASE=1 fits the whole script into about 10 minutes of a lent machine: each part under a time limit (a part
@@ -86,7 +87,7 @@ part 100 finetune "$PY" benchmarks/bench_finetune_gpu.py "${FINETUNE[@]}" --json
 part 40 profile "$PY" benchmarks/profile_decode.py --device cuda --cached 32768 --types default rerope xpos dual_chunk \
   || [ "$LEASE" = 1 ]
 
-# >>> HOOK real-model pass key at 32k (issue 24's experiments/real_model_report.py, which replaced real_model_passkey.py):
+# >>> HOOK real-model pass key at 32k (experiments/real_model_report.py):
 # it measures on the CPU (extend.evaluate_method loads models on loading.load_model's default device) and fetches
 # SmolLM2 on first use (the GPU machine has no network: carry ~/.cache/hf_rope_ext); enable once it takes a device:
 # PYTHONPATH=. "$PY" experiments/real_model_report.py --cells yarn:4 --out "$OUT/passkey" | tee "$OUT/passkey.txt"
@@ -99,6 +100,6 @@ elif [ "$checked" != 0 ]; then
   echo "benchmarks/gpu.sh: FAIL: the fast engine on CUDA is off the reference engine past its bound ($OUT/engines.txt)" >&2
   exit 1
 elif [ "$compiled" = 3 ]; then
-  echo "benchmarks/gpu.sh: FAIL: a compiled decode step is off its uncompiled step past the bound ($OUT/compiled.txt)" >&2
+  echo "benchmarks/gpu.sh: FAIL: a compiled decode step or generate is off its uncompiled one ($OUT/compiled.txt)" >&2
   exit 1
 fi
