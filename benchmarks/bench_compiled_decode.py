@@ -13,9 +13,11 @@
    model of ``--model`` (bf16, its rope switched to each type with this script's parameters), reading a
    ``--prompt``-token prompt and generating ``--new-tokens`` greedy tokens with ``cache_implementation="static"``
    (transformers compiles the decode step itself on CUDA, with its default CompileConfig), for ``--model-types``
-   and plain. First the check: the compiled run's tokens against the uncompiled run's (``disable_compile``; other
-   tokens: the row says FAIL and the script exits 3). Then decode tokens/s = (N - 1) / (time of N tokens - time of
-   1), both timed after the compiled run of N, ``--repeats`` times (the median, with its quartiles).
+   and plain. First the compiled run's tokens against the uncompiled run's (``disable_compile``): how many new tokens
+   agree before the first that differs (in bfloat16 the two runs' kernels round differently, so a random model's
+   near-tied logits may part them, plain's too; the graphed check above is the bound). Then decode tokens/s =
+   (N - 1) / (time of N tokens - time of 1), both timed after the compiled run of N, ``--repeats`` times (the
+   median, with its quartiles).
 On a CPU (``--device cpu``: toy sizes, the tests) transformers is told to compile too (``_compile_all_devices``)
 with ``--backend`` (default ``eager``) and no mode.
 """
@@ -155,7 +157,7 @@ def generate_row(name: str, args) -> dict:
         return out
 
     uncompiled = run(args.new_tokens, disable_compile=True, compile_config=None)
-    same = bool(torch.equal(run(args.new_tokens), uncompiled))  # compiles the decode step
+    agree = agreeing(run(args.new_tokens), uncompiled, ids.shape[1])  # compiles the decode step
     rates, prefill = [], []
     for _ in range(args.repeats):
         seconds = {}
@@ -170,7 +172,13 @@ def generate_row(name: str, args) -> dict:
     what = {"pass": "generate", "tokens": args.prompt, "new_tokens": args.new_tokens, "rope_type": name}
     spread = {"tokens_per_s_quartiles": quartiles(rates, 1.0), "repeats": len(rates)}
     timed = {"prefill_s": statistics.median(prefill), "tokens_per_s": statistics.median(rates), **spread}
-    return {**what, "shape": args.model or args.model_shape, **timed, "same_tokens": same, "kernels": kernels}
+    return {**what, "shape": args.model or args.model_shape, **timed, "tokens_agree": agree, "kernels": kernels}
+
+
+def agreeing(got: torch.Tensor, expected: torch.Tensor, prompt: int) -> int:
+    """How many new tokens [B, N] of ``got`` equal ``expected``'s before the first that differs (N: all)."""
+    same = (got[:, prompt:] == expected[:, prompt:]).all(0).long()  # [N]
+    return int(same.cumprod(0).sum())
 
 
 def table(records: list[dict]) -> list[str]:
@@ -189,7 +197,8 @@ def table(records: list[dict]) -> list[str]:
             q1, q3 = r.get("tokens_per_s_quartiles", [rate, rate])
             spread = f" ({q1:.1f}-{q3:.1f}, n={r.get('repeats', 1)})"
             value, ratio = f"{rate or 0:.1f} tok/s{spread}", (base / rate if rate and base else float("nan"))
-            check = "same tokens" if r.get("same_tokens") else "tokens differ FAIL"
+            n, agree = r["new_tokens"], r["tokens_agree"]
+            check = "same tokens" if agree == n else f"same first {agree} of {n} tokens"
         lines.append(f"| {r['pass']} | {r['tokens']} | {r['rope_type']} | {value} | {ratio:.2f} | {check} | "
                      f"{r['kernels']} |")  # fmt: skip
     return lines
@@ -245,10 +254,7 @@ def main(argv=None) -> int:
     failed = [r["rope_type"] for r in records if r["pass"] == "graphed" and not r["ok"]]
     if failed:
         print(f"FAIL: the compiled step is off the uncompiled one past {args.bound} for {failed}", file=sys.stderr)
-    differ = [r["rope_type"] for r in records if r["pass"] == "generate" and not r["same_tokens"]]
-    if differ:
-        print(f"FAIL: compiled generate gave other tokens than uncompiled for {differ}", file=sys.stderr)
-    return CHECK_FAILED if failed or differ else 0
+    return CHECK_FAILED if failed else 0
 
 
 if __name__ == "__main__":
