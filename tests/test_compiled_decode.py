@@ -86,3 +86,21 @@ def test_inductor_compiles_a_two_band_decode_to_the_uncompiled_tokens():
     expected = generate_static(model, ids, 24)
     with torch._dynamo.config.patch(error_on_recompile=True):
         assert torch.equal(generate_static(model, ids, 24, compile_config("inductor")), expected)
+
+
+def test_a_dynamic_frequency_type_breaks_the_graph_only_in_transformers_rotary_module():
+    """dynamic_yarn's frequencies follow the length; the attention function takes it on the device
+    (``traced_frequencies``), so under transformers' default compile config (``fullgraph=False``) the one graph
+    break of a step is transformers' own dynamic updater in the rotary module (a branch on the length, for every
+    type named "dynamic"), not a read-back in every layer; the tokens are the uncompiled ones, past L0 = 16."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    params = {"original_max_position_embeddings": 16}
+    model = tiny_model("llama", with_rope("dynamic_yarn", params), attn_implementation="sdpa", num_hidden_layers=3)
+    ids = torch.randint(3, 97, (1, 12), generator=torch.Generator().manual_seed(6))
+    expected = generate_static(model, ids, 12)
+    config = compile_config("eager")
+    config.fullgraph = False  # transformers' default
+    assert torch.equal(generate_static(model, ids, 12, config), expected)
+    breaks = list(torch._dynamo.utils.counters["graph_break"])
+    assert breaks and all("dynamic_frequency_update" in reason for reason in breaks), breaks

@@ -127,6 +127,20 @@ def test_dynamic_yarn_is_default_up_to_l0_and_yarn_beyond():
         assert att == pytest.approx(yarn_att)
 
 
+@pytest.mark.parametrize("attention_factor", [None, 1.25])
+def test_dynamic_yarns_traced_frequencies_are_its_own_from_a_length_on_the_device(attention_factor):
+    """What a call traced by torch.compile rotates by (the length a 0-d tensor, nothing read back) is, bit for bit,
+    what the type computes from the length as a number; below, at and past L0 = 64."""
+    rope = {"rope_type": "dynamic_yarn", "original_max_position_embeddings": 64, "attention_factor": attention_factor}
+    config = tiny_config(rope_parameters={k: v for k, v in rope.items() if v is not None})
+    method = registry.get_method("dynamic_yarn")
+    for length in (1, 63, 64, 65, 100, 257, 4096):
+        inv, factor = method.frequencies(config, seq_len=length)
+        traced_inv, traced_factor = method.traced_frequencies(config, None, torch.tensor(length), None)
+        torch.testing.assert_close(traced_inv, inv, rtol=0, atol=0)
+        assert float(traced_factor) == pytest.approx(factor, rel=1e-15)
+
+
 # ----------------------------------------------------------------------------- the config keys every type honours
 
 

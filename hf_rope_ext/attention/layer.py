@@ -110,6 +110,11 @@ class Layer:
             if tagged and ("tag", device) not in self.constants:
                 self.constants["tag", device] = self.tag(inv_freq)
             return inv_freq, scale, self.constants["tag", device] if tagged else None
+        traced = self.method.traced_frequencies
+        if torch.compiler.is_compiling() and traced is not None:  # the length stays on the device
+            length = key_positions(q_pos, mask, kv).max() + 1
+            inv_freq, attention_factor = traced(config, device, length, self.layer_type)
+            return inv_freq.double(), attention_factor**2, None
         length = int(key_positions(q_pos, mask, kv).max()) + 1  # positions 0 .. length-1 in force (cached keys too)
         inv_freq, attention_factor = self.method.frequencies(config, device, length, self.layer_type)
         return inv_freq.double(), float(attention_factor) ** 2, self.tag(inv_freq.double()) if tagged else None

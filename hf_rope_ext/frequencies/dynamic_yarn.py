@@ -37,22 +37,29 @@ def dynamic_factor(seq_len, original_max: int, max_position_embeddings: int) -> 
     return max(1.0, length / original_max)
 
 
+def yarn_at(setup, factor, device):
+    """YaRN's inv_freq [d/2] at ``factor`` (a number, or a 0-d tensor on the device: the same arithmetic)."""
+    p = setup.params
+    beta_fast, beta_slow = float(p.get("beta_fast") or 32.0), float(p.get("beta_slow") or 1.0)
+    truncate = p.get("truncate", True) is not False
+    return by_parts_inv_freq(setup.base, setup.dim, factor, setup.original_max, beta_fast, beta_slow, truncate, device)
+
+
 def compute_dynamic_yarn(config, device=None, seq_len=None, layer_type=None):
     s = rope_setup(config, layer_type)
-    p = s.params
     factor = dynamic_factor(seq_len, s.original_max, s.max_position_embeddings)
-    inv = by_parts_inv_freq(
-        s.base,
-        s.dim,
-        factor,
-        s.original_max,
-        float(p.get("beta_fast") or 32.0),
-        float(p.get("beta_slow") or 1.0),
-        p.get("truncate", True) is not False,
-        device,
-    )
-    attention = p.get("attention_factor")
-    return inv, float(attention) if attention is not None else yarn_attention_factor(factor)
+    attention = s.params.get("attention_factor")
+    return yarn_at(s, factor, device), float(attention) if attention is not None else yarn_attention_factor(factor)
+
+
+def traced_dynamic_yarn(config, device, length, layer_type=None):
+    """``compute_dynamic_yarn`` at ``length`` [] int64 on the device, nothing read back (torch.compile's form):
+    s = max(1, length / L0) and 0.1 ln s + 1 as 0-d float64 tensors."""
+    s = rope_setup(config, layer_type)
+    factor = (length.double() / s.original_max).clamp(min=1.0)
+    attention = s.params.get("attention_factor")
+    scale = float(attention) if attention is not None else 0.1 * factor.log() + 1.0  # ln 1 = 0: 1 up to L0
+    return yarn_at(s, factor, device), scale
 
 
 def check_dynamic_yarn(params: dict, config) -> None:
@@ -65,6 +72,7 @@ METHOD = register(
         name="dynamic_yarn",
         kind="frequency",
         frequencies=compute_dynamic_yarn,
+        traced_frequencies=traced_dynamic_yarn,
         params={
             "original_max_position_embeddings": ORIGINAL_MAX_REQUIRED,
             "beta_fast": BETA_FAST,

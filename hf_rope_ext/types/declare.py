@@ -87,3 +87,7 @@ class RopeMethod:
     # ``extend`` evaluates the method with and ``finetune`` trains it under, below the user's values (None: none;
     # a frequency-level type's ``factor`` is set by the caller)
     defaults: DefaultsFn | None = None
+    # a dynamic type's frequencies from a length held on the device (a 0-d tensor), nothing read back: what a call
+    # traced by torch.compile rotates by; (config, device, length, layer_type) -> (inv_freq, attention factor as a
+    # number or a 0-d tensor). None: the type reads its length back (a graph break under torch.compile)
+    traced_frequencies: FrequencyFn | None = None
