@@ -2,20 +2,22 @@
 
     PYTHONPATH=. python benchmarks/bench_compiled_decode.py [--cached 32768] [--types rerope xpos] [--json PATH]
 
-1. ``graphed``: the attention module of ``bench_attention`` (32 / 8 heads, head_dim 128, bf16) on a StaticCache
-   holding ``--cached`` random tokens (the rotating one ``generate`` gives these types), its forward (projections,
-   cache write, attention) compiled with ``torch.compile(fullgraph=True, mode=--mode)``: on CUDA ``reduce-overhead``,
-   a CUDA graph replayed every step. First the check: the compiled first step against the same step uncompiled on a
-   copy of the cache (max |error| / max |output|; past ``--bound`` the row says FAIL and the script exits 3). Then
-   ``--steps`` timed steps after ``--warmup`` ones (median ms per step, with its quartiles and the step count), and
-   one profiled step: the kernels with the most device time (CPU: operations with the most CPU time) name what ran.
-2. ``generate``: a Llama of ``--model-shape`` (``1b``: Llama 3.2 1B's shape, random weights, bf16), or the saved
-   model of ``--model`` (bf16, its rope switched to each type with this script's parameters), reading a
+1. ``graphed``: the attention module of ``bench_attention`` (32 / 8 heads, head_dim 128, ``--dtype``: bf16) on a
+   StaticCache holding ``--cached`` random tokens (the rotating one ``generate`` gives these types), its forward
+   (projections, cache write, attention) compiled with ``torch.compile(fullgraph=True, mode=--mode)``: on CUDA
+   ``reduce-overhead``, a CUDA graph replayed every step. First the check: the compiled first step against the same
+   step uncompiled on a copy of the cache (max |error| / max |output|; past ``--bound`` the row says FAIL and the
+   script exits 3). Then ``--steps`` timed steps after ``--warmup`` ones (median ms per step, with its quartiles and
+   the step count), and one profiled step: the kernels with the most device time (CPU: operations with the most CPU
+   time) name what ran.
+2. ``generate``: a Llama of ``--model-shape`` (``1b``: Llama 3.2 1B's shape, random weights), or the saved
+   model of ``--model`` (its rope switched to each type with this script's parameters), reading a
    ``--prompt``-token prompt and generating ``--new-tokens`` greedy tokens with ``cache_implementation="static"``
    (transformers compiles the decode step itself on CUDA, with its default CompileConfig), for ``--model-types``
    and plain. First the compiled run's tokens against the uncompiled run's (``disable_compile``): how many new tokens
-   agree before the first that differs (in bfloat16 the two runs' kernels round differently, so a random model's
-   near-tied logits may part them, plain's too; the graphed check above is the bound). Then decode tokens/s =
+   agree before the first that differs (in bfloat16 the two runs' kernels round differently, so near-tied logits
+   (a random model's, a random prompt's) may part them, plain's too; ``--dtype float32`` shows whether they agree
+   where rounding does not part them; the graphed check above is the bound). Then decode tokens/s =
    (N - 1) / (time of N tokens - time of 1), both timed after the compiled run of N, ``--repeats`` times (the
    median, with its quartiles).
 On a CPU (``--device cpu``: toy sizes, the tests) transformers is told to compile too (``_compile_all_devices``)
@@ -41,6 +43,7 @@ import hf_rope_ext
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_attention as bench  # noqa: E402
 
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 CHECK_FAILED = 3  # the exit status when a compiled step is off its uncompiled one (a crash exits 1)
 SHAPES = {  # Llama shapes: hidden, layers, heads, kv heads, intermediate, vocab
     "1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
@@ -75,7 +78,7 @@ def compile_options(args) -> dict:
 
 def graphed_row(name: str, args) -> dict:
     """Check, time and profile ``name``'s compiled decode step (module docstring, 1)."""
-    dtype, head_dim = torch.bfloat16, args.head_dim
+    dtype, head_dim = DTYPES[args.dtype], args.head_dim
     module = bench.attention_module(bench.TYPES[name], head_dim, args.device, dtype)
     module.config._attn_implementation = "sdpa"
     room = args.cached + args.warmup + args.steps + 2
@@ -113,6 +116,7 @@ def graphed_row(name: str, args) -> dict:
             times.append(time.perf_counter() - start)
         kernels = kernels_ran(lambda: compiled(*inputs(), cache), args.device)
     what = {"pass": "graphed", "tokens": args.cached, "rope_type": name, "mode": args.mode, "backend": args.backend}
+    what["dtype"] = args.dtype
     spread = {"ms": 1e3 * statistics.median(times), "ms_quartiles": quartiles(times), "steps": len(times)}
     return {**what, **spread, "error": error, "ok": error <= args.bound, "kernels": kernels}
 
@@ -130,13 +134,13 @@ def model_of(name: str, args):
         params = {k: v for k, v in bench.TYPES[name].items() if k != "rope_type"}
         switched = name != "default"
         rope = {"rope_parameters": hf_rope_ext.rope_parameters_for(args.model, name, **params)} if switched else {}
-        options = dict(dtype=torch.bfloat16, attn_implementation="sdpa", **rope)
+        options = dict(dtype=DTYPES[args.dtype], attn_implementation="sdpa", **rope)
         return AutoModelForCausalLM.from_pretrained(args.model, **options).to(args.device).eval()
     rope = {"rope_theta": 500000.0, **bench.TYPES[name]}
     shape = SHAPES[args.model_shape]
     config = LlamaConfig(**shape, max_position_embeddings=4096, rope_parameters=rope, tie_word_embeddings=True)
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).to(device=args.device, dtype=torch.bfloat16).eval()
+    return LlamaForCausalLM(config).to(device=args.device, dtype=DTYPES[args.dtype]).eval()
 
 
 def generate_row(name: str, args) -> dict:
@@ -170,6 +174,7 @@ def generate_row(name: str, args) -> dict:
         prefill.append(seconds[1])
     kernels = kernels_ran(lambda: run(args.new_tokens), args.device)
     what = {"pass": "generate", "tokens": args.prompt, "new_tokens": args.new_tokens, "rope_type": name}
+    what["dtype"] = args.dtype
     spread = {"tokens_per_s_quartiles": quartiles(rates, 1.0), "repeats": len(rates)}
     timed = {"prefill_s": statistics.median(prefill), "tokens_per_s": statistics.median(rates), **spread}
     return {**what, "shape": args.model or args.model_shape, **timed, "tokens_agree": agree, "kernels": kernels}
@@ -210,6 +215,7 @@ def parse(argv=None):
     parser.add_argument("--device", default="cuda" if cuda else "cpu")
     parser.add_argument("--cached", type=int, default=32768, help="tokens in the StaticCache before the steps")
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--dtype", default="bfloat16", choices=list(DTYPES), help="of the module and the models")
     parser.add_argument("--types", nargs="+", default=list(bench.TYPES), choices=list(bench.TYPES))
     parser.add_argument("--warmup", type=int, default=3, help="compiled steps before timing (CUDA graph recorded)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps")
