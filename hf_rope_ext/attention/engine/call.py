@@ -122,7 +122,8 @@ def crop_empty_slots(query, key, value, mask):
             key, value = (key, value) if end == kv else (key.narrow(2, 0, end), value.narrow(2, 0, end))
             return key, value, None if padding == "none" else cut
     allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
-    biased = mask.dtype != torch.bool and bool(graded(mask))  # an additive bias: the mask stays
+    # an additive bias keeps the mask; read only where it could be dropped (one query seeing every key left)
+    biased = q_len == 1 and mask.dtype != torch.bool and bool(graded(mask))
     if allowed.shape[:-1].numel() == 1 and not biased:  # one query, one mask row (a static cache's step): a prefix?
         filled = int(allowed.count_nonzero())
         if filled and bool(allowed[..., :filled].all()):
