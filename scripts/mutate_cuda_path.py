@@ -29,6 +29,7 @@ KERNELS = "hf_rope_ext/attention/engine/kernels.py"
 SINGLE = "hf_rope_ext/attention/engine/single_band.py"
 FUSED = "hf_rope_ext/attention/engine/dense_ops.py"
 STEP = "hf_rope_ext/attention/engine/traced_step.py"
+TURNED = "hf_rope_ext/attention/engine/traced_scores.py"
 TESTS = [
     "tests/test_attention_engines.py",
     "tests/test_attention_implementations.py",
@@ -174,6 +175,21 @@ MUTATIONS = [
     ("compiled step: a repeated near slot kept", STEP, "rank >= 1", "rank >= 0"),
     ("compiled step: the near band's mask not applied", STEP, "else mask_at(mask, slots)", "else None"),
     ("compiled step: the slot after a hole taken", STEP, "rank.clamp(min=1))", "rank.clamp(min=1), right=True)"),
+    ("turned scores: the sine term's sign", TURNED, "sin * (q2 * k1 - q1 * k2)", "sin * (q1 * k2 - q2 * k1)"),
+    (
+        "turned scores: the dims past the rotary ones left out",
+        TURNED,
+        "scores = scores + (q[",
+        "scores = scores + 0 * (q[",
+    ),
+    ("turned scores: xPos's key factors dropped", STEP, "call.inv_freq, log_scale)", "call.inv_freq, None)"),
+    ("turned values: turned the other way", TURNED, "(v1 * cos - v2 * sin)", "(v1 * cos + v2 * sin)"),
+    (
+        "turned values: RoPER's output not turned back",
+        STEP,
+        "return turn_output_back(call, out, slice(0, 1))",
+        "return out",
+    ),
 ]
 
 

@@ -1,7 +1,8 @@
-"""A banded type's decode step as torch.compile traces it (``engine.traced_step``: the near bands over the slots of the
-newest keys, gathered on the device, the last band over all) against the reference engine, on the masks a compiled
-step meets and on masks no generate makes (holes, graded and per-head additive masks); the work it leaves out; no
-recompilation as a growing cache passes the window under dynamic shapes."""
+"""An attention-level type's decode step as torch.compile traces it (``engine.traced_step``: the near bands over the
+slots of the newest keys, gathered on the device, the last band over all, scored turned) against the reference engine,
+on the masks a compiled step meets and on masks no generate makes (holes, graded and per-head additive masks), for
+the banded types and the one-band ones (xPos, RoPER, dynamic_yarn); the work it leaves out; no recompilation as a
+growing cache passes the window under dynamic shapes."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import ENGINE_PARAMS, tiny_model, with_rope
+from conftest import ENGINE_PARAMS, ENGINE_PARAMS_WITH_DYNAMIC_YARN, tiny_model, with_rope
 
 from hf_rope_ext.attention import function
-from hf_rope_ext.attention.engine import reference, traced_step
+from hf_rope_ext.attention.engine import decay_and_value_turns, reference, traced_step
 from hf_rope_ext.types import registry
 
 BANDED = sorted(m.name for m in registry.methods() if m.kind == "attention" and len(m.attention.bands) > 1)
+ONE_BAND = sorted(n for n in ENGINE_PARAMS_WITH_DYNAMIC_YARN if n not in BANDED)  # xpos, roper, dynamic_yarn
 KV = 20  # key slots of the step
 
 
@@ -95,17 +97,71 @@ def test_a_bfloat16_step_stays_within_rounding_of_the_float32_reference(name):
     assert (got - expected).abs().max() <= 4 * 2**-8 * float(expected.abs().max())
 
 
+def one_band_module(name: str, partial: float | None = None):
+    """A one-layer Llama's attention of a one-band type (dynamic_yarn: scaled past its 16 positions), its rotary dims
+    ``partial`` of the head's (None: all)."""
+    rope = with_rope(name, ENGINE_PARAMS_WITH_DYNAMIC_YARN[name])
+    if partial is not None:
+        rope["partial_rotary_factor"] = partial
+    return tiny_model("llama", rope, num_hidden_layers=1).model.layers[0].self_attn
+
+
+@pytest.mark.parametrize("partial", [None, 0.5])
+@pytest.mark.parametrize("mask_name", list(masks()))
+@pytest.mark.parametrize("name", ONE_BAND)
+def test_a_traced_one_band_step_equals_the_reference_engine(name, mask_name, partial):
+    """float32, GQA, two batch rows: xPos's key factors, RoPER's turned values and output, partial rotary."""
+    module, mask = one_band_module(name, partial), masks()[mask_name]
+    q, k, v = step_inputs()
+    pos = positions_of(mask, 2)
+    got = traced(module, q, k, v, mask, position_ids=pos)
+    expected = function.attend("eager", module, q, k, v, mask, position_ids=pos)[0]
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", ONE_BAND)
+def test_a_bfloat16_one_band_step_stays_within_rounding_of_the_float32_reference(name):
+    module, mask = one_band_module(name), masks()["left-padded"]
+    q, k, v = step_inputs(1, dtype=torch.bfloat16)
+    pos = positions_of(mask, 2)
+    got = traced(module.to(torch.bfloat16), q, k, v, mask, position_ids=pos).float()
+    expected = function.attend("eager", module.float(), q.float(), k.float(), v.float(), mask, position_ids=pos)[0]
+    assert (got - expected).abs().max() <= 4 * 2**-8 * float(expected.abs().max())
+
+
+@pytest.mark.parametrize("name", ONE_BAND)
+def test_a_one_band_step_turns_no_cache_sized_tensor(name):
+    """The query (and RoPER's output) rotated; the cache only scored turned, once (and RoPER's values summed turned)."""
+    rows = rotated_rows(one_band_module(name), masks()["static"])
+    assert sorted(rows) == ([-KV, 1, 1, KV] if name == "roper" else [1, KV])
+
+
 def rotated_rows(module, mask) -> list[int]:
-    """The rows of every tensor the traced step rotates."""
+    """The rows of every tensor the traced step rotates or scores turned (``turned_scores``' keys; ``turned_values``'
+    values as negative counts)."""
     rows = []
 
     def counting(x, *args, **kwargs):
         rows.append(x.shape[2])
         return rotate(x, *args, **kwargs)
 
-    rotate = traced_step.rotate
+    def counting_turned(q, k, *args):
+        rows.append(k.shape[2])
+        return turned_scores(q, k, *args)
+
+    def counting_values(w, v, *args):
+        rows.append(-v.shape[2])  # negative: values summed turned
+        return turned_values(w, v, *args)
+
+    rotate, turned_scores, turned_values = traced_step.rotate, traced_step.turned_scores, traced_step.turned_values
     q, k, v = step_inputs()
-    with mock.patch.object(traced_step, "rotate", counting), mock.patch.object(reference, "rotate", counting):
+    with (
+        mock.patch.object(traced_step, "rotate", counting),
+        mock.patch.object(reference, "rotate", counting),
+        mock.patch.object(decay_and_value_turns, "rotate", counting),
+        mock.patch.object(traced_step, "turned_scores", counting_turned),
+        mock.patch.object(traced_step, "turned_values", counting_values),
+    ):
         traced(module, q, k, v, mask, position_ids=positions_of(mask, 2))
     return rows
 
@@ -124,11 +180,11 @@ def test_only_the_last_band_reads_the_whole_cache(name):
 
 @pytest.mark.parametrize(
     ("name", "q_len", "training", "expected"),
-    [("rerope", 1, False, True), ("rerope", 3, False, False), ("rerope", 1, True, False), ("xpos", 1, False, False),
-     ("roper", 1, False, False), ("dual_chunk", 1, False, True), ("dual_chunk", 2, False, False),
-     ("self_extend", 1, False, True)],
+    [("rerope", 1, False, True), ("rerope", 3, False, False), ("rerope", 1, True, False), ("xpos", 1, False, True),
+     ("xpos", 2, False, False), ("roper", 1, False, True), ("roper", 1, True, False), ("dual_chunk", 1, False, True),
+     ("dual_chunk", 2, False, False), ("self_extend", 1, False, True)],
 )  # fmt: skip
-def test_the_step_plan_takes_one_query_of_a_banded_type(name, q_len, training, expected):
+def test_the_step_plan_takes_one_query_of_an_attention_type(name, q_len, training, expected):
     params = dict(registry.get_method(name).example or {}) | ENGINE_PARAMS.get(name, {})
     module = tiny_model("llama", with_rope(name, params), num_hidden_layers=1).model.layers[0].self_attn
     layer = function.resolve(module)

@@ -1,5 +1,5 @@
-"""A decode step of a banded type while torch.compile traces it: the bands near the query over the few key slots that
-can hold them, gathered by indices computed on the device, the last band over every slot, one softmax over both.
+"""A decode step of an attention-level type while torch.compile traces it: the bands near the query over the few key
+slots that can hold them, gathered by indices computed on the device, the last band over every slot, one softmax.
 
 The reference engine scores every band against every key slot (a StaticCache's whole ``max_cache_len``), so a traced
 step would rotate the whole cache once per band and score it once per band. A single query's near bands reach only
@@ -13,13 +13,18 @@ Attention's inter-chunk band). So here:
   unfilled end and any hole in the mask are served alike; min(N, kv) slots, a static shape under static shapes
   (nothing read back);
 - the gathered keys are scored by every band as the reference engine scores them (``reference.chunk_scores`` on the
-  call cut to those keys), the last band alone on every slot (ReRoPE's keys as cached, the others' rotated by the
-  band's key positions);
+  call cut to those keys), the last band alone on every slot: ReRoPE's keys as cached, the others' scored turned by
+  the band's key positions without writing the turned keys (``traced_scores.turned_scores``);
 - each part's scores are masked by the mask and by its own range (a slot within N in the far part, a gathered slot
   that repeats because fewer than N keys are visible: hidden), then one float32 softmax over [far | near] weighs the
   whole cache's values and the gathered ones (:func:`reference.weights`, as the reference engine's).
 
-Pairs are scored and weighed as the reference engine scores them; only the order of the value sums differs.
+A one-band form (xPos, RoPER, a frequency type rotated in attention) is that last band alone: xPos's key factors
+zeta^((m - n)/s) scale the turned keys' pairs (the query's factor is 1 for its own position), RoPER's values are summed
+turned (``traced_scores.turned_values``) and the sum turned back by the query's position.
+
+Pairs are scored and weighed as the reference engine scores them; the order of the sums differs, and keys (RoPER's
+values) turned for the whole cache are not rounded to the cache's dtype before their products.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ import torch
 from ..methods.form import origin
 from ..rotation import rotate
 from .call import Call, visible_keys
+from .decay_and_value_turns import key_log_scale, turn_output_back, value_inv_freq
 from .reference import additive, chunk_scores, grouped_product, positions, weights
+from .traced_scores import turned_scores, turned_values
 
 
 def near_span(call: Call) -> int | None:
@@ -43,10 +50,13 @@ def near_span(call: Call) -> int | None:
 
 
 def applies(call: Call, dropout: float, training: bool) -> bool:
-    """Whether this step plan runs ``call``: one query of a banded form with a near span (no decay, no value turn);
-    dropout while training stays with the reference engine."""
-    plain = call.form.decay is None and call.form.values is None and len(call.form.bands) > 1
-    return call.query.shape[2] == 1 and plain and near_span(call) is not None and not (training and dropout > 0)
+    """Whether this step plan runs ``call``: one query of a banded form with a near span (no decay, no value turn)
+    or of a one-band form (xPos's decay and RoPER's value turn too); dropout while training stays with the reference
+    engine."""
+    form = call.form
+    banded = form.decay is None and form.values is None and near_span(call) is not None
+    one_band = len(form.bands) == 1 and form.chunks is None
+    return call.query.shape[2] == 1 and (banded or one_band) and not (training and dropout > 0)
 
 
 def near_slots(visible: torch.Tensor, n) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,13 +91,22 @@ def band_mask(mask, band: torch.Tensor, dtype) -> torch.Tensor:
 
 def far_scores(call: Call) -> torch.Tensor:
     """q k^T [B, H, 1, kv] of the last band against every key slot, at the band's positions (keys at ``origin``: as
-    cached)."""
+    cached; the others scored turned, ``turned_scores``, xPos's key factors zeta^((m - n)/s) with them)."""
     band = call.form.bands[-1]
     q = rotate(call.query, positions(band.query_position, call.q_pos, call.params), call.inv_freq)
-    keys = call.key
-    if band.key_position is not origin:
-        keys = rotate(keys, positions(band.key_position, call.k_pos, call.params), call.inv_freq)
-    return grouped_product(q, keys.transpose(-1, -2))
+    if band.key_position is origin:
+        return grouped_product(q, call.key.transpose(-1, -2))
+    log_scale = None if call.form.decay is None else key_log_scale(call, call.k_pos, call.q_pos)  # query's: 1
+    return turned_scores(q, call.key, positions(band.key_position, call.k_pos, call.params), call.inv_freq, log_scale)
+
+
+def far_values(call: Call, w: torch.Tensor) -> torch.Tensor:
+    """weights [B, H, 1, kv] @ every slot's value [B, H, 1, dv] (RoPER: values turned by their positions, the sum
+    turned back by the query's)."""
+    if call.form.values is None:
+        return grouped_product(w, call.value)
+    out = turned_values(w, call.value, call.k_pos, value_inv_freq(call))
+    return turn_output_back(call, out, slice(0, 1))
 
 
 def near_scores(call: Call, slots: torch.Tensor) -> torch.Tensor:
@@ -100,6 +119,8 @@ def near_scores(call: Call, slots: torch.Tensor) -> torch.Tensor:
 def run(call: Call, mask, scale: float, dropout=0.0, training=False, softcap=None) -> torch.Tensor:
     """The step's output [B, H, 1, dv]; ``mask`` None or [B or 1, 1 or H, 1, kv] (bool or additive)."""
     batch, kv, span = call.query.shape[0], call.key.shape[2], near_span(call)
+    if span is None:  # one band: every slot
+        return far_values(call, weights(far_scores(call), mask, scale, dropout, training, softcap, call.value.dtype))
     visible = visible_keys(mask, batch, kv, call.query.device)
     slots, present = near_slots(visible, torch.sym_min(span, kv))
     far = call.q_pos - call.k_pos >= span  # [B, kv]: keys beyond the near bands' reach
@@ -107,4 +128,4 @@ def run(call: Call, mask, scale: float, dropout=0.0, training=False, softcap=Non
     near_mask = None if mask is None else mask_at(mask, slots)
     masks = torch.cat((band_mask(mask, far, scores.dtype), band_mask(near_mask, present, scores.dtype)), dim=-1)
     w = weights(scores, masks, scale, dropout, training, softcap, call.value.dtype)
-    return grouped_product(w[..., :kv], call.value) + grouped_product(w[..., kv:], gather_slots(call.value, slots))
+    return far_values(call, w[..., :kv]) + grouped_product(w[..., kv:], gather_slots(call.value, slots))
