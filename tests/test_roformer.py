@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import types
 
 import pytest
 import torch
@@ -186,6 +188,42 @@ def test_install_is_idempotent_and_uninstall_restores():
     finally:
         seam.install()
     torch.testing.assert_close(logits(model, x), scaled, atol=1e-6, rtol=0)  # re-attached from its config
+
+
+def another_copy(live: bool):
+    """A module posing as another hf_rope_ext copy's seam (an export's vendored package) that set RoFormerConfig's
+    attributes; its ``uninstall`` removes them."""
+    module = types.ModuleType("_hf_rope_ext_copy._transformers.roformer")
+    module.LateDefault = type("LateDefault", (), {"__module__": module.__name__})
+    module._ATTACHED, module.calls = ({object()} if live else set()), []
+    module.uninstall = lambda: module.calls.append([delattr(RoFormerConfig, key) for key in roformer.CONFIG_KEYS])
+    return module
+
+
+@pytest.mark.parametrize("owner", ["copy", "live copy", "foreign"])
+def test_install_takes_over_from_another_copy_only(owner, monkeypatch):
+    """The package imported after an export's remote code: the other copy's idle wrappers give way; a copy with live
+    encoders, or an attribute of anyone else, is an error."""
+    seam.uninstall()
+    try:
+        module = another_copy(live=owner == "live copy")
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        for key in roformer.CONFIG_KEYS:
+            setattr(RoFormerConfig, key, module.LateDefault() if owner != "foreign" else None)
+        if owner == "copy":
+            seam.install()
+            assert len(module.calls) == 1 and seam.installed()
+            assert isinstance(vars(RoFormerConfig)["rope_parameters"], seam.LateDefault)
+        else:
+            with pytest.raises(ValueError, match="in use; import hf_rope_ext before" if owner == "live copy" else
+                               "already defines 'rope_parameters'"):  # fmt: skip
+                seam.install()
+            assert not seam.installed()
+    finally:
+        for key in roformer.CONFIG_KEYS:
+            if key in vars(RoFormerConfig) and not isinstance(vars(RoFormerConfig)[key], seam.LateDefault):
+                delattr(RoFormerConfig, key)
+        seam.install()
 
 
 def test_stock_config_saves_as_before(tmp_path):

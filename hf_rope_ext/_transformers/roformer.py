@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -211,14 +212,29 @@ def installed() -> bool:
     return bool(_STOCK)
 
 
+def give_way(config_cls) -> None:
+    """Uninstall the wrappers of another hf_rope_ext copy (a ``--remote-code`` export's vendored package, imported
+    first) unless encoders it built are live; raise for any other owner of the config attributes."""
+    key = next((k for k in CONFIG_KEYS if k in vars(config_cls)), None)
+    if key is None:
+        return
+    owner = sys.modules.get(type(vars(config_cls)[key]).__module__)
+    if type(vars(config_cls)[key]).__name__ != "LateDefault" or not hasattr(owner, "uninstall"):
+        raise ValueError(f"RoFormerConfig already defines {key!r}; hf_rope_ext will not replace it")
+    if len(owner._ATTACHED):
+        raise ValueError(
+            f"a RoFormer model built by another copy of hf_rope_ext ({owner.__name__}, an export's remote code) is "
+            "in use; import hf_rope_ext before loading that model"
+        )
+    owner.uninstall()
+
+
 def install() -> None:
     """Wrap RoFormerEncoder.__init__/forward and add the config attributes (safe to call any number of times)."""
     if installed():
         return
     encoder_cls, config_cls = modeling_roformer.RoFormerEncoder, configuration_roformer.RoFormerConfig
-    for key in CONFIG_KEYS:
-        if key in vars(config_cls):
-            raise ValueError(f"RoFormerConfig already defines {key!r}; hf_rope_ext will not replace it")
+    give_way(config_cls)
     _STOCK.update(
         __init__=encoder_cls.__init__, forward=encoder_cls.forward, validators=config_cls.__class_validators__
     )
