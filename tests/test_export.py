@@ -45,6 +45,11 @@ for folder, expected in json.loads(sys.argv[1]):
     with torch.no_grad():
         report[folder] = (scope["model"].eval()(ids).logits - torch.load(expected)).abs().max().item()
 assert not [m for m in sys.modules if m.startswith("hf_rope_ext") and sys.modules[m] is not None]
+del sys.modules["hf_rope_ext"]  # the package imported after a vendored copy: each registers its own torch op
+from hf_rope_ext.attention.engine import traced_scores
+copies = [m for name, m in sys.modules.items() if name.startswith("_hf_rope_ext") and name.endswith(".traced_scores")]
+ops = {module.OP.split("::")[1] for module in [traced_scores, *copies]}
+assert len(copies) == 1 and len(ops) == 2 and all(hasattr(torch.ops.hf_rope_ext, op) for op in ops), ops
 print(json.dumps(report))
 """
 

@@ -21,8 +21,12 @@ import torch
 
 from ..rotation import HALF, cos_sin, pairs
 
+SCHEMA = "(Tensor positions, Tensor inv_freq, Tensor? log_scale=None) -> (Tensor, Tensor)"  # not read from hints
+TOP = __name__.split(".")[0]  # "hf_rope_ext", or the private name of a copy vendored into remote code
+OP = "hf_rope_ext::cos_sin" + ("" if TOP == "hf_rope_ext" else TOP)  # a copy registers an op of its own
 
-@torch.library.custom_op("hf_rope_ext::cos_sin", mutates_args=())
+
+@torch.library.custom_op(OP, mutates_args=(), schema=SCHEMA)
 def kept_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, log_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
