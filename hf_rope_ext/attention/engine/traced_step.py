@@ -101,8 +101,8 @@ def far_scores(call: Call) -> torch.Tensor:
 
 
 def far_values(call: Call, w: torch.Tensor) -> torch.Tensor:
-    """weights [B, H, 1, kv] @ every slot's value [B, H, 1, dv] (RoPER: values turned by their positions, the sum
-    turned back by the query's)."""
+    """weights [B, H, 1, kv] times every slot's value: [B, H, 1, dv] (RoPER: the values turned by their positions,
+    the sum turned back by the query's)."""
     if call.form.values is None:
         return grouped_product(w, call.value)
     out = turned_values(w, call.value, call.k_pos, value_inv_freq(call))
