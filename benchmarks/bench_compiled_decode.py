@@ -18,8 +18,9 @@
    agree before the first that differs (in bfloat16 the two runs' kernels round differently, so near-tied logits
    (a random model's, a random prompt's) may part them, plain's too; ``--dtype float32`` shows whether they agree
    where rounding does not part them; the graphed check above is the bound). Then decode tokens/s =
-   (N - 1) / (time of N tokens - time of 1), both timed after the compiled run of N, ``--repeats`` times (the
-   median, with its quartiles).
+   (N - 1) / (time from the first new token to the N-th), each stamped as ``generate`` chooses it (a stopping
+   criterion that never stops, the device synchronized), so the prompt's forward is not in it; ``--repeats`` runs
+   after the compiled run of N (the median, with its quartiles; the prompt's forward is recorded apart).
 On a CPU (``--device cpu``: toy sizes, the tests) transformers is told to compile too (``_compile_all_devices``)
 with ``--backend`` (default ``eager``) and no mode.
 """
@@ -36,7 +37,15 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from transformers import AttentionInterface, AutoModelForCausalLM, CompileConfig, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AttentionInterface,
+    AutoModelForCausalLM,
+    CompileConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 import hf_rope_ext
 
@@ -143,6 +152,18 @@ def model_of(name: str, args):
     return LlamaForCausalLM(config).to(device=args.device, dtype=DTYPES[args.dtype]).eval()
 
 
+class Stamps(StoppingCriteria):
+    """Never stops ``generate``; records when each new token is chosen (the first: after the prompt's forward)."""
+
+    def __init__(self, device: str):
+        self.device, self.times = device, []
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        sync(self.device)
+        self.times.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 def generate_row(name: str, args) -> dict:
     """Decode tokens/s of ``generate(cache_implementation="static")`` (module docstring, 2)."""
     model = model_of(name, args)
@@ -164,14 +185,11 @@ def generate_row(name: str, args) -> dict:
     agree = agreeing(run(args.new_tokens), uncompiled, ids.shape[1])  # compiles the decode step
     rates, prefill = [], []
     for _ in range(args.repeats):
-        seconds = {}
-        for tokens in (1, args.new_tokens):
-            start = time.perf_counter()
-            run(tokens)
-            seconds[tokens] = time.perf_counter() - start
-        decode = seconds[args.new_tokens] - seconds[1]
-        rates.append((args.new_tokens - 1) / decode if decode > 0 else float("nan"))
-        prefill.append(seconds[1])
+        stamps = Stamps(args.device)
+        start = time.perf_counter()
+        run(args.new_tokens, stopping_criteria=StoppingCriteriaList([stamps]))
+        rates.append((len(stamps.times) - 1) / (stamps.times[-1] - stamps.times[0]))
+        prefill.append(stamps.times[0] - start)
     kernels = kernels_ran(lambda: run(args.new_tokens), args.device)
     what = {"pass": "generate", "tokens": args.prompt, "new_tokens": args.new_tokens, "rope_type": name}
     what["dtype"] = args.dtype
