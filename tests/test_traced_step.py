@@ -74,12 +74,8 @@ def traced(module, *args, **kwargs) -> torch.Tensor:
         return function.attend("sdpa", module, *args, **kwargs)[0]
 
 
-@pytest.mark.parametrize("mask_name", list(masks()))
-@pytest.mark.parametrize("span", list(SPANS))
-@pytest.mark.parametrize("name", BANDED)
-def test_a_traced_decode_step_equals_the_reference_engine(name, span, mask_name):
-    """float32, GQA (4 / 2 heads), two batch rows; near spans shorter than, within and longer than the cache."""
-    module, mask = module_of(name, span), masks()[mask_name]
+def assert_traced_is_the_reference(module, mask) -> None:
+    """float32: the traced path's step equals the reference engine's within 2e-6."""
     q, k, v = step_inputs()
     pos = positions_of(mask, 2)
     got = traced(module, q, k, v, mask, position_ids=pos)
@@ -87,14 +83,27 @@ def test_a_traced_decode_step_equals_the_reference_engine(name, span, mask_name)
     torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
 
 
-@pytest.mark.parametrize("name", BANDED)
-def test_a_bfloat16_step_stays_within_rounding_of_the_float32_reference(name):
-    module, mask = module_of(name, 8), masks()["left-padded"]
+def assert_bfloat16_within_rounding(module) -> None:
+    """A bfloat16 traced step (left-padded) within 4 bfloat16 steps of the float32 reference's largest output."""
+    mask = masks()["left-padded"]
     q, k, v = step_inputs(1, dtype=torch.bfloat16)
     pos = positions_of(mask, 2)
     got = traced(module.to(torch.bfloat16), q, k, v, mask, position_ids=pos).float()
     expected = function.attend("eager", module.float(), q.float(), k.float(), v.float(), mask, position_ids=pos)[0]
     assert (got - expected).abs().max() <= 4 * 2**-8 * float(expected.abs().max())
+
+
+@pytest.mark.parametrize("mask_name", list(masks()))
+@pytest.mark.parametrize("span", list(SPANS))
+@pytest.mark.parametrize("name", BANDED)
+def test_a_traced_decode_step_equals_the_reference_engine(name, span, mask_name):
+    """float32, GQA (4 / 2 heads), two batch rows; near spans shorter than, within and longer than the cache."""
+    assert_traced_is_the_reference(module_of(name, span), masks()[mask_name])
+
+
+@pytest.mark.parametrize("name", BANDED)
+def test_a_bfloat16_step_stays_within_rounding_of_the_float32_reference(name):
+    assert_bfloat16_within_rounding(module_of(name, 8))
 
 
 def one_band_module(name: str, partial: float | None = None):
@@ -111,22 +120,12 @@ def one_band_module(name: str, partial: float | None = None):
 @pytest.mark.parametrize("name", ONE_BAND)
 def test_a_traced_one_band_step_equals_the_reference_engine(name, mask_name, partial):
     """float32, GQA, two batch rows: xPos's key factors, RoPER's turned values and output, partial rotary."""
-    module, mask = one_band_module(name, partial), masks()[mask_name]
-    q, k, v = step_inputs()
-    pos = positions_of(mask, 2)
-    got = traced(module, q, k, v, mask, position_ids=pos)
-    expected = function.attend("eager", module, q, k, v, mask, position_ids=pos)[0]
-    torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
+    assert_traced_is_the_reference(one_band_module(name, partial), masks()[mask_name])
 
 
 @pytest.mark.parametrize("name", ONE_BAND)
 def test_a_bfloat16_one_band_step_stays_within_rounding_of_the_float32_reference(name):
-    module, mask = one_band_module(name), masks()["left-padded"]
-    q, k, v = step_inputs(1, dtype=torch.bfloat16)
-    pos = positions_of(mask, 2)
-    got = traced(module.to(torch.bfloat16), q, k, v, mask, position_ids=pos).float()
-    expected = function.attend("eager", module.float(), q.float(), k.float(), v.float(), mask, position_ids=pos)[0]
-    assert (got - expected).abs().max() <= 4 * 2**-8 * float(expected.abs().max())
+    assert_bfloat16_within_rounding(one_band_module(name))
 
 
 @pytest.mark.parametrize("name", ONE_BAND)
