@@ -42,7 +42,10 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0)
     """positions [...] x inv_freq [r/2] -> cos * scale, sin * scale [..., r/2] of each pair's angle, float32
     (the engine passes positions [B, 1, L] for cos/sin [B, 1, L, r/2] that broadcast over heads)."""
     a = angles(positions, inv_freq)
-    return (a.cos() * scale).float(), (a.sin() * scale).float()
+    cos, sin = a.cos(), a.sin()
+    if scale != 1.0:  # a number (1.0: no pass over the float64 angles for it)
+        cos, sin = cos * scale, sin * scale
+    return cos.float(), sin.float()
 
 
 def pairs(x: torch.Tensor, h: int, layout: str = HALF) -> tuple[torch.Tensor, torch.Tensor]:
