@@ -122,9 +122,15 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log
     return by_rows(lambda x, p, s: _rotate(x, p, inv_freq, s, layout), x, (positions, 1), (log_scale, 2))
 
 
+def scaled_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, log_scale=None):
+    """:func:`cos_sin`, each pair's cos and sin also times exp(log_scale) [..., r/2] (xPos; None: unscaled)."""
+    cos, sin = cos_sin(positions, inv_freq)
+    if log_scale is None:
+        return cos, sin
+    scale = torch.exp(log_scale).float()
+    return cos * scale, sin * scale
+
+
 def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, log_scale, layout: str):
-    cos, sin = cos_sin(positions[:, None], inv_freq)  # [B, 1, L, r/2]
-    if log_scale is not None:
-        scale = torch.exp(log_scale).float()
-        cos, sin = cos * scale, sin * scale
+    cos, sin = scaled_cos_sin(positions[:, None], inv_freq, log_scale)  # [B, 1, L, r/2]
     return turn(x, cos, sin, layout)

@@ -4,8 +4,8 @@ without writing the turned keys.
 Turning the whole cache (``rotation.rotate``) writes a tensor of the cache's size at every step and, compiled, has
 the float64 cos and sin of each key's angles formed again for every element of every head (inductor inlines them
 into the turn). Here the angles' cos and sin are formed once, by an operation the compiler keeps whole
-(``hf_rope_ext::cos_sin``: ``rotation.cos_sin`` as a custom op, so its float64 work runs once per key and pair and
-its float32 results are kept), and the scores are written as the sum over the rotary pairs of
+(``hf_rope_ext::cos_sin``: ``rotation.scaled_cos_sin`` as a custom op, so its float64 work runs once per key and
+pair and its float32 results are kept), and the scores are written as the sum over the rotary pairs of
 
     q . R(a) k = cos a (q1 k1 + q2 k2) + sin a (q2 k1 - q1 k2)
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..rotation import HALF, cos_sin, pairs
+from ..rotation import HALF, pairs, scaled_cos_sin
 
 SCHEMA = "(Tensor positions, Tensor inv_freq, Tensor? log_scale=None) -> (Tensor, Tensor)"  # not read from hints
 TOP = __name__.split(".")[0]  # "hf_rope_ext", or the private name of a copy vendored into remote code
@@ -30,13 +30,9 @@ OP = "hf_rope_ext::cos_sin" + ("" if TOP == "hf_rope_ext" else TOP)  # a copy re
 def kept_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, log_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rotation.cos_sin(positions, inv_freq)`` (positions [...] -> float32 [..., r/2] twice) as one opaque op;
-    with ``log_scale`` [..., r/2] (xPos) both times its exp, as ``rotation.rotate`` scales them."""
-    cos, sin = cos_sin(positions, inv_freq)
-    if log_scale is None:
-        return cos, sin
-    scale = torch.exp(log_scale).float()
-    return cos * scale, sin * scale
+    """``rotation.scaled_cos_sin`` (positions [...] -> float32 [..., r/2] twice; with ``log_scale`` [..., r/2], xPos,
+    both times its exp) as one opaque op."""
+    return scaled_cos_sin(positions, inv_freq, log_scale)
 
 
 @kept_cos_sin.register_fake
