@@ -1,6 +1,8 @@
 """Context-parallel sharding of one sequence: each rank's tokens, PoSE/contiguous position ids and labels are the
 whole sequence's, against torch's own load balancer, a slow loop and the whole-sequence loss (no GPU)."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -88,3 +90,54 @@ def test_shifted_labels():
 def test_bad_sharding_is_refused(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize(
+    "rope_type, implementation, reason",
+    [
+        ("yarn", "sdpa", None),
+        ("ntk_by_parts", "sdpa", None),
+        ("default", "sdpa", None),
+        ("self_extend", "sdpa", "scores attention in the package's own engine"),
+        ("rerope", "sdpa", "scores attention in the package's own engine"),
+        ("dynamic", "sdpa", "largest position id each rank sees"),
+        ("longrope", "sdpa", "largest position id each rank sees"),
+        ("dynamic_yarn", "sdpa", "largest position id each rank sees"),
+        ("yarn", "flash_attention_2", "does not call F.scaled_dot_product_attention"),
+    ],
+)
+def test_context_parallelism_is_allowed_only_where_torch_shards_the_whole_attention(rope_type, implementation, reason):
+    from hf_rope_ext.train.context_parallel import context_parallel_obstacle
+
+    found = context_parallel_obstacle(rope_type, implementation)
+    assert found is None if reason is None else reason in found
+
+
+class WithContextParallel:
+    """The run's accelerator, as if its config asked for context parallelism over 2 ranks (no GPU here to run it)."""
+
+    def __init__(self, accelerator):
+        self._accelerator = accelerator
+        self.parallelism_config = SimpleNamespace(cp_enabled=True, cp_size=2)
+
+    def __getattr__(self, name):
+        return getattr(self._accelerator, name)
+
+
+def test_an_attention_level_type_under_context_parallelism_is_refused_before_training(tmp_path, monkeypatch):
+    """Each rank would attend within its own shard and raise nothing: refused before any file is written, naming
+    --sequence-parallel."""
+    from hf_rope_ext.store.bundled import default_model_path
+    from hf_rope_ext.train import FinetuneConfig, finetune, prepare
+
+    stock = prepare.make_accelerator
+    monkeypatch.setattr(prepare, "make_accelerator", lambda *args: WithContextParallel(stock(*args)))
+    out = tmp_path / "run"
+    cfg = FinetuneConfig(
+        model=str(default_model_path()), out=str(out), rope_type="self_extend", length=1024, max_steps=1
+    )
+    with pytest.raises(
+        ValueError, match=r"cp_size=2\) cannot train this run: rope_type='self_extend'.*--sequence-parallel"
+    ):
+        finetune(cfg)
+    assert not out.exists() and not list(tmp_path.iterdir())

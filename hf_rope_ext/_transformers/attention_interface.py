@@ -4,7 +4,8 @@
   transformers has): a function that sends a module whose rope request names one of the package's types that
   rotate inside attention (``attention.layer.resolve``) to ``attention.function.attend_layer``, and any other
   module, with the same arguments, to the stock function (transformers' own, or for ``"eager"`` the
-  ``eager_attention_forward`` of the module's own modeling file: each family has its own);
+  ``eager_attention_forward`` of the module's own modeling file: each family has its own); a module marked for
+  sequence parallelism (``attention.ulysses``) goes through the all-to-all around that choice first;
 - every other implementation registered then (``"paged|eager"``): a wrapper raising a clear error for those
   types, instead of running without their score modification; other modules pass straight through. One
   registered later (a kernel from the Hub, the user's own) is left as it is.
@@ -19,6 +20,7 @@ from transformers.modeling_utils import AttentionInterface
 
 from ..attention.function import IMPLEMENTATIONS, attend_layer, check_module
 from ..attention.layer import resolve
+from ..attention.ulysses import sequence_group, ulysses_attention
 
 _FAMILY_EAGER: dict[type, object] = {}
 _WRAPPED: set[str] = set()  # the implementations found at the first install; later registrations are the user's
@@ -38,6 +40,11 @@ def _family_eager(module):
 
 def _rope_attention(implementation: str, stock):
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
+        if sequence_group(module) is not None:  # sequence parallelism asked for this model: the whole row, heads/N
+            return ulysses_attention(routed, implementation, module, query, key, value, attention_mask, *args, **kwargs)
+        return routed(module, query, key, value, attention_mask, *args, **kwargs)
+
+    def routed(module, query, key, value, attention_mask, *args, **kwargs):
         layer = resolve(module)
         if layer is None:
             function = stock if stock is not None else _family_eager(module)

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..store.files import read_json
 
 STATE_FILE = "trainer_state.json"
-PLAN_DEFAULTS = {"processes": 1}  # keys older checkpoints lack, as they were then
+PLAN_DEFAULTS = {"processes": 1, "sequence_parallel": 1}  # keys older checkpoints lack, as they were then
 
 
 def keep_trainable_only(models, weights, _output_dir) -> None:

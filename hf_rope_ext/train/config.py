@@ -102,6 +102,13 @@ class FinetuneConfig:
     batch_size: int = option(1, OPTIMIZATION, "sequences per device per micro-batch", type="positive_int")
     grad_accum: int = option(1, OPTIMIZATION, "micro-batches per optimizer step", type="positive_int")
     grad_checkpointing: bool = option(False, OPTIMIZATION, "recompute activations (less memory)")
+    sequence_parallel: int = option(
+        1,
+        OPTIMIZATION,
+        "split each row's tokens over N processes (attention by an all-to-all over heads); processes = "
+        "data-parallel x N, --batch-size counts rows per group of N",
+        type="positive_int",
+    )
     precision: str = option(
         "auto", OPTIMIZATION, "auto: bf16 on a GPU, else fp32", choices=("auto", "fp32", "bf16", "fp16")
     )
@@ -136,7 +143,8 @@ def parse_stages(text: str | None) -> list[tuple[int, int]] | None:
     return stages
 
 
-POSITIVE = ("length", "batch_size", "grad_accum", "rank", "eval_rows", "pose_chunks")  # integers >= 1
+# integers >= 1
+POSITIVE = ("length", "batch_size", "grad_accum", "rank", "eval_rows", "pose_chunks", "sequence_parallel")
 NON_NEGATIVE = ("warmup_steps", "save_every", "passkey_depths", "weight_decay")
 
 
@@ -159,6 +167,11 @@ def check_numbers(cfg: FinetuneConfig) -> None:
     check_retrieval(cfg.retrieval, cfg.retrieval_keys, cfg.retrieval_same_kind)
     if any(int(n) < 2 for n in cfg.eval_lengths or ()):
         raise ValueError(f"eval_lengths={cfg.eval_lengths!r}: every length must be an integer >= 2")
+    if cfg.sequence_parallel > 1 and cfg.eval_lengths:
+        raise ValueError(
+            f"--eval-lengths {cfg.eval_lengths} with --sequence-parallel {cfg.sequence_parallel}: evaluation reads "
+            "whole rows on one process; evaluate the adapter afterwards (hf-rope-ext eval --adapter OUT)"
+        )
 
 
 def check_output(cfg: FinetuneConfig) -> Path:

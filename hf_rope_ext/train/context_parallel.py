@@ -8,6 +8,10 @@ otherwise rank r holds the r-th of ``cp_size`` equal consecutive pieces.
 Position ids are a buffer like the tokens, so each rank's ids are the ones the whole sequence gives its tokens
 (PoSE skips included); labels are shifted on the whole sequence *before* sharding, so every token's label is its
 successor in the whole sequence even when that successor lives on another rank.
+
+torch's ``context_parallel`` replaces ``F.scaled_dot_product_attention`` and nothing else, so it is right only where
+attention is that call and the frequencies do not follow the length (``check_context_parallel``); the package's
+engines and the dynamic types need ``--sequence-parallel`` (``sequence_parallel.py``).
 """
 
 from __future__ import annotations
@@ -59,3 +63,35 @@ def shard_sequence(
     return {
         name: t[:, index] for name, t in (("input_ids", input_ids), ("position_ids", position_ids), ("labels", labels))
     }
+
+
+def check_context_parallel(accelerator, rope_type: str, implementation: str, sequence_parallel: int = 1) -> None:
+    """torch's context parallelism (accelerate's ``cp_size``) replaces ``F.scaled_dot_product_attention`` alone: it is
+    right only for SDPA attention under a frequency-level type whose frequencies do not follow the length. Anything
+    else would attend within each rank's shard and raise nothing: refused, pointing to --sequence-parallel."""
+    parallelism = getattr(accelerator, "parallelism_config", None)
+    if parallelism is None or not parallelism.cp_enabled:
+        return
+    reason = context_parallel_obstacle(rope_type, implementation)
+    if sequence_parallel > 1:
+        reason = f"--sequence-parallel {sequence_parallel} is asked as well"
+    if reason:
+        raise ValueError(
+            f"context parallelism (the accelerate config's cp_size={parallelism.cp_size}) cannot train this run: "
+            f"{reason}; use --sequence-parallel N (a Ulysses all-to-all that works for every rope type) instead"
+        )
+
+
+def context_parallel_obstacle(rope_type: str, implementation: str) -> str | None:
+    """Why torch's context parallelism would be silently wrong for ``rope_type`` under ``implementation``, or None."""
+    from ..types import registry
+
+    if implementation != "sdpa":
+        return f"attn_implementation={implementation!r} does not call F.scaled_dot_product_attention"
+    method = registry.find(rope_type)
+    if method is not None and method.kind == "attention":
+        return f"rope_type={rope_type!r} scores attention in the package's own engine, which torch's sharding misses"
+    if registry.follows_length(rope_type):
+        return f"rope_type={rope_type!r} takes its frequencies from the largest position id each rank sees"
+    return None
+

@@ -26,8 +26,9 @@ def finetune(cfg: FinetuneConfig) -> dict:
         model = ready_to_train(job)
         logs = open_output(job, work)
         acc = job.accelerator
+        checkpoints = work / "checkpoints"
         rows, model = train(
-            acc, model, job.stages, job.datasets, job.settings, work / "checkpoints", logs, cfg.resume_from
+            acc, model, job.stages, job.datasets, job.settings, checkpoints, logs, cfg.resume_from, job.sequence
         )
         job.measure("after", acc.unwrap_model(model))
         job.save(work, model, out)
@@ -41,7 +42,7 @@ def ready_to_train(job):
     """The 'before' figures, then the LoRA model; a checkpoint to resume must fit both the plan and the adapter."""
     cfg = job.cfg
     if cfg.resume_from:
-        processes = data_parallel(job.accelerator)[0]
+        processes = data_parallel(job.accelerator, cfg.sequence_parallel)[0]
         checkpoint_step(cfg.resume_from, job.settings.plan(job.stages, processes))
     job.measure("before")
     model = job.attach_lora()

@@ -6,7 +6,9 @@ from (seed, stage, epoch); position ids from (seed, micro-batch index)), a progr
 Many processes (DDP, FSDP): the loader yields *global* micro-batches of ``batch_size x data-parallel processes`` rows
 and accelerate hands each process its slice (``split_batches``); position ids are drawn for the whole global
 micro-batch and sliced the same way. So N processes train on exactly the rows and positions one process sees with an
-N times larger batch, and the result does not depend on the process count beyond float summation order.
+N times larger batch, and the result does not depend on the process count beyond float summation order. Under
+sequence parallelism (``sequence_parallel``) the ranks of a sequence group read the same rows and each keeps its shard
+of every row's tokens.
 
 Ctrl-C (SIGINT) during training stops after the current optimizer step on every process, writes a checkpoint there
 and raises ``interrupt.Interrupted`` (a ``KeyboardInterrupt``) naming it; a second Ctrl-C stops at once.
@@ -29,6 +31,7 @@ from .csv_log import CsvLog
 from .interrupt import Interrupted, StopRequest
 from .loss import causal_lm_loss
 from .positions import position_ids, step_generator
+from .sequence_parallel import ONE, SequenceGroup, enable, shard_loss, shifted
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,12 @@ class LoopSettings:
     seed: int
     save_every: int  # checkpoint every N optimizer steps (0: only at the end)
     max_grad_norm: float = 1.0
+    sequence_parallel: int = 1  # processes each row's tokens are split over (sequence_parallel.py)
 
     def plan(self, stages: list[Stage], processes: int) -> dict:
         """What a checkpoint must agree with to be resumed (``processes``: data-parallel processes, one RNG each)."""
         keep = ("batch_size", "grad_accum", "schedule", "pose_chunks", "seed", "scheduler", "warmup_steps", "lr")
+        keep += ("sequence_parallel",)
         return {"stages": [asdict(s) for s in stages], "processes": processes, **{k: getattr(self, k) for k in keep}}
 
 
@@ -73,10 +78,18 @@ def make_optimizer(model, settings: LoopSettings, total_steps: int):
     return optimizer, scheduler
 
 
-def forward_loss(accelerator, model, input_ids: torch.Tensor, positions: torch.Tensor, labels=None) -> torch.Tensor:
+def forward_loss(
+    accelerator, model, input_ids: torch.Tensor, positions: torch.Tensor, labels=None, sequence: SequenceGroup = ONE
+) -> torch.Tensor:
     """Loss of one micro-batch, on the tokens ``labels`` (batch, seq) scores (-100: not scored; default: every
-    token); an all-ones mask keeps transformers from reading skip-wise ids as packed sequences."""
+    token); an all-ones mask keeps transformers from reading skip-wise ids as packed sequences. Under sequence
+    parallelism the rows are whole on every rank of the group, which keeps and scores its shard."""
     labels = input_ids if labels is None else labels
+    if sequence.size > 1:  # labels shifted on the whole row, then every buffer cut to this rank's shard
+        input_ids, positions, labels = (sequence.shard(t) for t in (input_ids, positions, shifted(labels)))
+        mask = torch.ones_like(input_ids)
+        logits = model(input_ids=input_ids, position_ids=positions, attention_mask=mask).logits
+        return shard_loss(logits, labels, sequence)
     cp = accelerator.parallelism_config is not None and accelerator.parallelism_config.cp_enabled
     if cp:  # context parallelism shards every buffer along the sequence (see context_parallel.py): labels first
         labels = shifted_labels(labels)
@@ -113,6 +126,7 @@ class Run:
     total: int
     stop: StopRequest
     saved_step: int = -1  # the step of the last checkpoint written
+    sequence: SequenceGroup = ONE  # this process' sequence group
 
 
 def train(
@@ -124,14 +138,17 @@ def train(
     checkpoint_dir: Path,
     log_dir: Path,
     resume_from: str | None = None,
+    sequence: SequenceGroup = ONE,
 ) -> list[dict]:
     """Run every stage; returns (the log rows of this call, the accelerate-prepared model).
-    ``datasets[i]`` holds rows of ``stages[i].window`` tokens. Ctrl-C: see :class:`Interrupted`."""
-    total, plan = sum(s.steps for s in stages), settings.plan(stages, data_parallel(accelerator)[0])
+    ``datasets[i]`` holds rows of ``stages[i].window`` tokens; ``sequence``: this process' sequence group (its size
+    ``settings.sequence_parallel``). Ctrl-C: see :class:`Interrupted`."""
+    sp = settings.sequence_parallel
+    total, plan = sum(s.steps for s in stages), settings.plan(stages, data_parallel(accelerator, sp)[0])
     optimizer, scheduler = make_optimizer(model, settings, total)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     accelerator.register_save_state_pre_hook(keep_trainable_only)
-    loaders = stage_loaders(accelerator, datasets, settings.batch_size, settings.seed)
+    loaders = stage_loaders(accelerator, datasets, settings.batch_size, settings.seed, sp)
     step = load_checkpoint(accelerator, resume_from, plan) if resume_from else 0
     bar = progress_bar(
         total=total, initial=step, desc="fine-tuning", nested=False, enabled=accelerator.is_local_main_process
@@ -153,13 +170,18 @@ def train(
         total=total,
         stop=StopRequest(announce=accelerator.is_main_process),
         saved_step=step if resume_from else -1,
+        sequence=sequence,
     )
     model.train()
     rows: list[dict] = []
-    with run.stop, bar:
-        while step < total:
-            step = run_stage(run, step, rows)
-        stop_if_asked(run, step)
+    disable = enable(accelerator.unwrap_model(model), sequence)
+    try:
+        with run.stop, bar:
+            while step < total:
+                step = run_stage(run, step, rows)
+            stop_if_asked(run, step)
+    finally:
+        disable()
     return rows, model
 
 
@@ -183,8 +205,8 @@ def micro_step(run: Run, stage: Stage, input_ids: torch.Tensor, global_micro: in
     """Forward and backward of one micro-batch (this process' rows of global micro-batch ``global_micro``, scored
     where ``labels`` says, default every token); the optimizer steps when accumulation is complete."""
     acc, settings = run.accelerator, run.settings
-    processes, rank = data_parallel(acc)
-    rows = input_ids.shape[0]  # the global micro-batch is ranks' rows in rank order: ours are [rank*rows, +rows)
+    processes, rank = data_parallel(acc, settings.sequence_parallel)
+    rows = input_ids.shape[0]  # the global micro-batch is groups' rows in rank order: ours are [rank*rows, +rows)
     every = position_ids(
         settings.schedule,
         rows * processes,
@@ -195,7 +217,7 @@ def micro_step(run: Run, stage: Stage, input_ids: torch.Tensor, global_micro: in
     )
     positions = every[rank * rows : (rank + 1) * rows].to(acc.device)
     with acc.accumulate(run.model):
-        loss = forward_loss(acc, run.model, input_ids, positions, labels)
+        loss = forward_loss(acc, run.model, input_ids, positions, labels, run.sequence)
         acc.backward(loss)
         if acc.sync_gradients and settings.max_grad_norm:
             acc.clip_grad_norm_(run.model.parameters(), settings.max_grad_norm)
@@ -236,6 +258,7 @@ def stop_if_asked(run: Run, step: int) -> None:
 def log_row(run: Run, step: int, index: int, loss: float) -> dict:
     """One row of the CSV log; ``tokens``: of this optimizer step over all data-parallel processes."""
     stage, settings = run.stages[index], run.settings
+    sp = settings.sequence_parallel
     return {
         "step": step,
         "stage": index,
@@ -243,7 +266,7 @@ def log_row(run: Run, step: int, index: int, loss: float) -> dict:
         "window": stage.window,
         "loss": loss,
         "lr": run.scheduler.get_last_lr()[0],
-        "tokens": settings.batch_size * settings.grad_accum * stage.window * data_parallel(run.accelerator)[0],
+        "tokens": settings.batch_size * settings.grad_accum * stage.window * data_parallel(run.accelerator, sp)[0],
         "elapsed_s": round(time.perf_counter() - run.started, 3),
     }
 

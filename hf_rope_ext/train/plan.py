@@ -40,4 +40,5 @@ def settings_of(cfg: FinetuneConfig) -> LoopSettings:
         pose_chunks=cfg.pose_chunks,
         seed=cfg.seed,
         save_every=cfg.save_every,
+        sequence_parallel=cfg.sequence_parallel,
     )

@@ -17,11 +17,13 @@ from ..publish.cards import write_model_card
 from ..store.files import read_json
 from ..util.quiet import enable_activation_checkpointing, peft_wrapping
 from .config import MERGED_DIR, RESULTS_FILE, FinetuneConfig, training_summary
+from .context_parallel import check_context_parallel
 from .data import load_text, packed_stages, with_retrieval
 from .lora import apply_lora
 from .model import attention_implementation, check_fp16, extended_config, load_model, resolve_precision
 from .plan import plan_stages, settings_of
 from .run_folder import log_dir
+from .sequence_parallel import ONE, SequenceGroup, check_model, check_size, make_group
 
 MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
@@ -40,6 +42,7 @@ class Job:
     results: list = field(default_factory=list)
     pretrain: int = 0  # L0, the base model's length
     far_baseline: float | None = None  # the base model's sliding-window loss (eval.far_context), once measured
+    sequence: SequenceGroup = ONE  # this process' sequence group (--sequence-parallel)
 
     def attach_lora(self):
         """Wrap the model in a LoRA PeftModel (seeded, so two runs with one seed, and all processes of a run, start
@@ -230,6 +233,7 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
     from transformers import AutoTokenizer
 
     state = launched_state()  # the launcher's device and process count
+    check_size(cfg.sequence_parallel, state.num_processes)
     precision = resolve_precision(cfg.precision, state.device)
     cfg.model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model  # recorded in the adapter
     config = extended_config(cfg.model, cfg.rope_type, cfg.length, cfg.factor, cfg.rope_extra)
@@ -239,15 +243,19 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     with state.main_process_first():  # files that datasets caches are written by the main process alone
         train_text, eval_documents = load_text(cfg, tokenizer)
-    datasets = packed_stages(train_text, stages, cfg.packing, cfg.batch_size * cfg.grad_accum * state.num_processes)
+    groups = state.num_processes // cfg.sequence_parallel  # data-parallel groups: each reads its own rows
+    datasets = packed_stages(train_text, stages, cfg.packing, cfg.batch_size * cfg.grad_accum * groups)
     datasets = with_retrieval(datasets, tokenizer, cfg)
     model = load_model(cfg.model, config, precision, attention_implementation(cfg.rope_type, state.device))
     model = model.to(state.device)
+    check_model(model.config, cfg.sequence_parallel, [stage.window for stage in stages])
     if precision == "fp16":
         check_fp16(model, torch.tensor(datasets[0][:1]["input_ids"], device=state.device))
     accelerator = make_accelerator(cfg, precision, log_dir(cfg.out, cfg.resume_from, cfg.log_dir))
+    check_context_parallel(accelerator, cfg.rope_type, model.config._attn_implementation, cfg.sequence_parallel)
+    sequence = make_group(cfg.sequence_parallel, state.num_processes, state.process_index)
     parts = (cfg, accelerator, tokenizer, config, model, stages, datasets, settings_of(cfg), eval_documents)
-    return Job(*parts, pretrain=pretrain)
+    return Job(*parts, pretrain=pretrain, sequence=sequence)
 
 
 def check_far_context(cfg: FinetuneConfig, pretrain: int) -> None:

@@ -1,0 +1,222 @@
+"""``--sequence-parallel N``: each row split over N CPU processes (gloo), attention by a Ulysses all-to-all around the
+registered attention function. Every rope type trains as one process does (one launch looping over the types), a
+wrapper fed each rank's own position ids does not (the negative control), the command itself under torchrun gives the
+one-process adapter and resumes exactly, and what it cannot carry is refused before training."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import byte_llama_config, save_byte_llama
+from safetensors.torch import load_file
+
+import hf_rope_ext
+from hf_rope_ext.train import FinetuneConfig, finetune
+from hf_rope_ext.train.batches import EpochSampler
+from hf_rope_ext.train.checkpoints import checkpoint_step
+from hf_rope_ext.train.config import check_numbers
+from hf_rope_ext.train.sequence_parallel import ONE, SequenceGroup, check_model, check_size, shard_loss, shifted
+
+ROOT = Path(__file__).resolve().parents[1]
+TYPES = ["default", "linear", "dynamic", "yarn", "longrope", "llama3", *hf_rope_ext.available_rope_types()]
+L0 = 32
+# fp32 bounds: the one-process and the split runs differ in summation order only (measured: losses within 1e-6,
+# LoRA weights within 4e-6 after two AdamW steps of 1e-2, which move them by 2e-2)
+LOSS_ATOL, WEIGHT_ATOL = 1e-5, 1e-4
+
+
+def free_port() -> int:
+    with socket.socket() as probe:  # tests of other checkouts may launch at the same time
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def torchrun(arguments: list[str], processes: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node N ...`` on the CPU, one thread per process."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
+    command += ["--master_port", str(free_port()), *arguments]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def type_rows(*options: str) -> dict[str, dict]:
+    done = torchrun([str(Path(__file__).with_name("sequence_parallel_types.py")), *options])
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {row["rope_type"]: row for row in rows}
+
+
+def test_every_rope_type_trains_over_two_processes_as_on_one():
+    rows = type_rows("--types", *TYPES)
+    assert sorted(rows) == sorted(TYPES)
+    for row in rows.values():
+        assert row["loss"] < LOSS_ATOL and row["weights"] < WEIGHT_ATOL, row
+        assert row["moved"] > 100 * WEIGHT_ATOL  # the bound is far below what the two steps move
+
+
+def test_a_wrapper_fed_local_position_ids_is_caught():
+    """The negative control: each rank's own ids in place of the gathered row's. Every attention-level type then
+    trains another adapter, by far more than the equality bound."""
+    attention_level = ["self_extend", "rerope", "leaky_rerope", "string", "dual_chunk", "xpos", "roper"]
+    rows = type_rows("--local-positions", "--types", *attention_level)
+    assert all(rows[t]["weights"] > 100 * WEIGHT_ATOL for t in attention_level), rows
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A saved 2-layer Llama (4 query, 2 key-value heads) with a byte-level tokenizer, and three text files."""
+    root = tmp_path_factory.mktemp("sp")
+    save_byte_llama(root / "base", L0)
+    (root / "data").mkdir()
+    for name in ("json/decoder.py", "json/encoder.py", "csv.py"):
+        (root / "data" / f"{Path(name).stem}.txt").write_text(Path(json.__file__).parents[1].joinpath(name).read_text())
+    return root
+
+
+OPTIONS = dict(
+    rope_type="self_extend",
+    length=4 * L0,
+    max_steps=3,
+    lr=1e-2,
+    grad_accum=2,
+    batch_size=2,
+    position_schedule="pose",
+    window=48,
+    save_every=1,
+    train_norms=True,
+    grad_checkpointing=True,
+)
+
+
+def argv(setup, out, **overrides) -> list[str]:
+    options = {**OPTIONS, "model": str(setup / "base"), "data": str(setup / "data"), "out": str(out), **overrides}
+    words = ["-m", "hf_rope_ext", "finetune", "--no-progress"]
+    for key, value in options.items():
+        words += ["--" + key.replace("_", "-")] + ([] if value is True else [str(value)])
+    return words
+
+
+def log_losses(out: Path) -> list[float]:
+    lines = (out / "logs" / "train_log.csv").read_text().splitlines()[1:]
+    return [float(line.split(",")[4]) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def split(setup):
+    """The command as the docs write it: two processes, each row over both."""
+    out = setup / "split"
+    torchrun(argv(setup, out, sequence_parallel=2), env={"ACCELERATE_USE_CPU": "true"})
+    return out
+
+
+def test_the_command_over_two_processes_trains_the_one_process_adapter(setup, split):
+    options = dict(OPTIONS, model=str(setup / "base"), data=[str(setup / "data")], out=str(setup / "one"))
+    one = finetune(FinetuneConfig(**options))
+    a, b = load_file(setup / "one" / "adapter_model.safetensors"), load_file(split / "adapter_model.safetensors")
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < WEIGHT_ATOL
+    assert log_losses(split) == pytest.approx([r["loss"] for r in one["rows"]], abs=LOSS_ATOL)
+    plan = json.loads((split / "checkpoints" / "step-000001" / "trainer_state.json").read_text())["plan"]
+    assert plan["sequence_parallel"] == 2 and plan["processes"] == 1  # one data-parallel group of two
+
+
+def test_the_split_run_resumes_exactly(setup, split):
+    resumed = setup / "split-resumed"
+    checkpoint = split / "checkpoints" / "step-000001"
+    torchrun(argv(setup, resumed, sequence_parallel=2, resume_from=checkpoint), env={"ACCELERATE_USE_CPU": "true"})
+    a, b = load_file(split / "adapter_model.safetensors"), load_file(resumed / "adapter_model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert log_losses(resumed) == log_losses(split)[1:]
+
+
+def test_resuming_under_another_split_is_refused(split):
+    checkpoint = split / "checkpoints" / "step-000001"
+    plan = json.loads((checkpoint / "trainer_state.json").read_text())["plan"]
+    with pytest.raises(ValueError, match="sequence_parallel=2, this run 1"):
+        checkpoint_step(checkpoint, {**plan, "sequence_parallel": 1})
+
+
+def test_an_older_checkpoint_reads_as_unsplit(tmp_path):
+    """Checkpoints written before the option hold no ``sequence_parallel``: they were unsplit."""
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"step": 4, "plan": {"processes": 1}}))
+    assert checkpoint_step(tmp_path, {"processes": 1, "sequence_parallel": 1}) == 4
+    with pytest.raises(ValueError, match="sequence_parallel=1, this run 2"):
+        checkpoint_step(tmp_path, {"processes": 1, "sequence_parallel": 2})
+
+
+def sdpa_llama(**overrides):
+    config = byte_llama_config(**overrides)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+@pytest.mark.parametrize(
+    "overrides, size, lengths, message",
+    [
+        ({}, 3, [48], "must divide the attention heads: 4 query and 2 key-value"),
+        ({"num_key_value_heads": 1}, 2, [48], "1 key-value heads"),
+        ({}, 2, [48, 33], "a training row of 33 tokens does not split into 2"),
+        ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16}, 2, [48], "sliding-window"),
+    ],
+)
+def test_what_the_split_cannot_carry_is_refused(overrides, size, lengths, message):
+    with pytest.raises(ValueError, match=message):
+        check_model(sdpa_llama(**overrides), size, lengths)
+
+
+def test_an_implementation_that_needs_a_mask_is_refused():
+    config = sdpa_llama()
+    config._attn_implementation = "eager"
+    with pytest.raises(ValueError, match="not 'eager'"):
+        check_model(config, 2, [48])
+    check_model(config, 1, [48])  # no split: anything goes
+
+
+@pytest.mark.parametrize("size, processes", [(2, 3), (0, 2), (4, 2)])
+def test_a_split_that_does_not_divide_the_processes_is_refused(size, processes):
+    with pytest.raises(ValueError, match=f"--sequence-parallel {size} must be >= 1 and divide"):
+        check_size(size, processes)
+
+
+def test_evaluation_during_a_split_run_is_refused(tmp_path):
+    cfg = FinetuneConfig(model="m", out=str(tmp_path / "x"), rope_type="yarn", length=64, max_steps=1)
+    cfg.sequence_parallel, cfg.eval_lengths = 2, [64]
+    with pytest.raises(ValueError, match="evaluate the adapter afterwards"):
+        check_numbers(cfg)
+
+
+def test_the_groups_ranks_read_the_same_rows():
+    """Blocks of ``batch`` rows, each given to the ``repeats`` consecutive ranks of a group (split_batches cuts the
+    global micro-batch in rank order); unsplit, the sampler is the permutation it always was."""
+    sampler = EpochSampler(11, seed=3, block=2, groups=2, repeats=2)
+    order = list(EpochSampler(11, seed=3))
+    drawn = list(sampler)
+    assert len(drawn) == len(sampler) == 2 * 8  # 11 rows: two global micro-batches of 2 groups x 2 rows
+    for batch in range(2):
+        ranks = [drawn[batch * 8 + 2 * r : batch * 8 + 2 * r + 2] for r in range(4)]
+        assert ranks[0] == ranks[1] and ranks[2] == ranks[3]
+        assert ranks[0] + ranks[2] == order[batch * 4 : batch * 4 + 4]
+
+
+def test_a_groups_shard_losses_add_up_to_the_rows_loss(monkeypatch):
+    """Labels shifted on the whole row, then sharded: each rank's N x (share of the summed loss) / the group's count,
+    averaged over the N ranks (as DDP averages), is the mean next-token loss of the whole rows (one process's)."""
+    from hf_rope_ext.train import sequence_parallel
+    from hf_rope_ext.train.loss import causal_lm_loss
+
+    generator = torch.Generator().manual_seed(0)
+    logits, ids = torch.randn(2, 12, 40, generator=generator), torch.randint(0, 40, (2, 12), generator=generator)
+    ids[0, 5] = -100  # a token not scored
+    labels = shifted(ids)
+    count = (labels != -100).sum().float()  # what the all-reduce over the group gives every rank
+    monkeypatch.setattr(sequence_parallel, "valid_tokens", lambda shard, group: count)
+    groups = [SequenceGroup(3, rank, None) for rank in range(3)]
+    shares = [shard_loss(g.shard(logits), g.shard(labels), g) for g in groups]
+    assert float(sum(shares) / 3) == pytest.approx(float(causal_lm_loss(logits, ids)), abs=1e-6)
+    assert float(shard_loss(logits, labels, ONE)) == pytest.approx(float(causal_lm_loss(logits, ids)), abs=1e-6)
