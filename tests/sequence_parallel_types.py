@@ -31,7 +31,7 @@ EXTRA = {  # keys the built-in types require that target_rope_parameters cannot 
     "roper": {"value_rotary_factor": 0.5},
     "llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": L0},
 }
-NO_CP = SimpleNamespace(parallelism_config=None)  # forward_loss reads only this of the accelerator
+NO_CP = SimpleNamespace(parallelism_config=None, unwrap_model=lambda model: model)  # what forward_loss reads
 
 
 def lora_model(rope_type: str):

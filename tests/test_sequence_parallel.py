@@ -20,7 +20,8 @@ from hf_rope_ext.train import FinetuneConfig, finetune
 from hf_rope_ext.train.batches import EpochSampler
 from hf_rope_ext.train.checkpoints import checkpoint_step
 from hf_rope_ext.train.config import check_numbers
-from hf_rope_ext.train.sequence_parallel import ONE, SequenceGroup, check_model, check_size, shard_loss, shifted
+from hf_rope_ext.train.context_parallel import shifted_labels
+from hf_rope_ext.train.sequence_parallel import ONE, SequenceGroup, check_model, check_size, shard_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPES = ["default", "linear", "dynamic", "yarn", "longrope", "llama3", *hf_rope_ext.available_rope_types()]
@@ -213,10 +214,14 @@ def test_a_groups_shard_losses_add_up_to_the_rows_loss(monkeypatch):
     generator = torch.Generator().manual_seed(0)
     logits, ids = torch.randn(2, 12, 40, generator=generator), torch.randint(0, 40, (2, 12), generator=generator)
     ids[0, 5] = -100  # a token not scored
-    labels = shifted(ids)
+    labels = shifted_labels(ids)
     count = (labels != -100).sum().float()  # what the all-reduce over the group gives every rank
     monkeypatch.setattr(sequence_parallel, "valid_tokens", lambda shard, group: count)
     groups = [SequenceGroup(3, rank, None) for rank in range(3)]
-    shares = [shard_loss(g.shard(logits), g.shard(labels), g) for g in groups]
+    shares = [shard_loss(summed(g.shard(logits), g.shard(labels)), g.shard(labels), g) for g in groups]
     assert float(sum(shares) / 3) == pytest.approx(float(causal_lm_loss(logits, ids)), abs=1e-6)
-    assert float(shard_loss(logits, labels, ONE)) == pytest.approx(float(causal_lm_loss(logits, ids)), abs=1e-6)
+    assert float(shard_loss(summed(logits, labels), labels, ONE)) == pytest.approx(float(causal_lm_loss(logits, ids)))
+
+
+def summed(logits, labels):
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")

@@ -150,8 +150,8 @@ def test_finetune_scores_only_the_answers_of_retrieval_rows(tmp_path, monkeypatc
     (tmp_path / "data.txt").write_text(TEXT * 4)
     seen, stock = [], loop.forward_loss
 
-    def forward_loss(accelerator, model, input_ids, positions, labels=None):
-        loss = stock(accelerator, model, input_ids, positions, labels)
+    def forward_loss(accelerator, model, input_ids, positions, labels=None, sequence=None):
+        loss = stock(accelerator, model, input_ids, positions, labels, sequence)
         with torch.no_grad():
             logits = model(input_ids=input_ids, position_ids=positions).logits[:, :-1].float()
         scored = labels[:, 1:] != IGNORE

@@ -94,4 +94,3 @@ def context_parallel_obstacle(rope_type: str, implementation: str) -> str | None
     if registry.follows_length(rope_type):
         return f"rope_type={rope_type!r} takes its frequencies from the largest position id each rank sees"
     return None
-

@@ -28,10 +28,10 @@ from .batches import data_parallel, micro_batches, stage_loaders
 from .checkpoints import keep_trainable_only, load_checkpoint, save_checkpoint
 from .context_parallel import shifted_labels
 from .csv_log import CsvLog
+from .head_loss import summed_loss
 from .interrupt import Interrupted, StopRequest
-from .loss import causal_lm_loss
 from .positions import position_ids, step_generator
-from .sequence_parallel import ONE, SequenceGroup, enable, shard_loss, shifted
+from .sequence_parallel import ONE, SequenceGroup, enable, shard_loss
 
 
 @dataclass(frozen=True)
@@ -81,23 +81,20 @@ def make_optimizer(model, settings: LoopSettings, total_steps: int):
 def forward_loss(
     accelerator, model, input_ids: torch.Tensor, positions: torch.Tensor, labels=None, sequence: SequenceGroup = ONE
 ) -> torch.Tensor:
-    """Loss of one micro-batch, on the tokens ``labels`` (batch, seq) scores (-100: not scored; default: every
-    token); an all-ones mask keeps transformers from reading skip-wise ids as packed sequences. Under sequence
-    parallelism the rows are whole on every rank of the group, which keeps and scores its shard."""
-    labels = input_ids if labels is None else labels
-    if sequence.size > 1:  # labels shifted on the whole row, then every buffer cut to this rank's shard
-        input_ids, positions, labels = (sequence.shard(t) for t in (input_ids, positions, shifted(labels)))
-        mask = torch.ones_like(input_ids)
-        logits = model(input_ids=input_ids, position_ids=positions, attention_mask=mask).logits
-        return shard_loss(logits, labels, sequence)
+    """Mean loss of one micro-batch over the tokens ``labels`` (batch, seq) scores (-100: not scored; default: every
+    token), its logits never formed whole (``head_loss``); an all-ones mask keeps transformers from reading skip-wise
+    ids as packed sequences. Under sequence parallelism the rows are whole on every rank of the group, which keeps
+    and scores its shard (``sequence_parallel.shard_loss``)."""
+    labels = shifted_labels(input_ids if labels is None else labels)  # on the whole row, before any sharding
     cp = accelerator.parallelism_config is not None and accelerator.parallelism_config.cp_enabled
-    if cp:  # context parallelism shards every buffer along the sequence (see context_parallel.py): labels first
-        labels = shifted_labels(labels)
+    if cp:  # context parallelism shards every buffer along the sequence (see context_parallel.py)
         with accelerator.maybe_context_parallel(buffers=[input_ids, positions, labels], buffer_seq_dims=[1, 1, 1]):
             logits = model(input_ids=input_ids, position_ids=positions).logits
             return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
-    mask = torch.ones_like(input_ids)
-    return causal_lm_loss(model(input_ids=input_ids, position_ids=positions, attention_mask=mask).logits, labels)
+    input_ids, positions, labels = (sequence.shard(t) for t in (input_ids, positions, labels))
+    inputs = dict(input_ids=input_ids, position_ids=positions, attention_mask=torch.ones_like(input_ids))
+    total = summed_loss(model, accelerator.unwrap_model(model), labels, **inputs)
+    return shard_loss(total, labels, sequence)
 
 
 def stage_of(stages: list[Stage], step: int) -> tuple[int, int]:

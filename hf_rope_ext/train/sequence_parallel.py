@@ -128,17 +128,9 @@ def with_row_end(positions: torch.Tensor, group) -> torch.Tensor:
     return torch.cat([positions, gather_row(positions, group).amax(dim=1, keepdim=True)], dim=1)
 
 
-def shifted(labels: torch.Tensor) -> torch.Tensor:
-    """(batch, row) next-token labels of a whole row: ``out[:, i] = labels[:, i + 1]``, the last -100."""
-    return torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
-
-
-def shard_loss(logits: torch.Tensor, labels: torch.Tensor, seq: SequenceGroup) -> torch.Tensor:
-    """N x (this shard's summed token loss) / (the group's valid tokens): logits (batch, shard, vocab) and the
-    shard of the whole row's shifted labels (batch, shard), -100 not scored."""
-    total = torch.nn.functional.cross_entropy(
-        logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-    )
+def shard_loss(total: torch.Tensor, labels: torch.Tensor, seq: SequenceGroup) -> torch.Tensor:
+    """N x ``total`` (this shard's summed token loss) / the group's valid tokens; labels: this rank's shard of the
+    whole row's shifted labels (batch, shard), -100 not scored. Unsplit: the mean over the valid tokens."""
     return seq.size * total / valid_tokens(labels, seq)
 
 

@@ -1,0 +1,113 @@
+"""The summed next-token loss of a training forward without its (tokens, vocab) logits: at 32k tokens and a 49k
+vocabulary those alone take 6 GiB in fp32, more than a LoRA step's activations.
+
+While the model runs, a pre-hook on its output head (a plain ``nn.Linear``) keeps the head's input and lets the head
+compute logits for no token; a hook after it scores the kept hidden states in chunks of tokens against the labels
+(``fused_head_loss``), still inside the model's forward, where a sharded head (FSDP2) holds its whole weight. The
+gradient for the hidden states (and the head's weight, when it trains) is formed chunk by chunk in the same pass and
+kept, so the backward pass needs neither the logits nor the head's weight again. Where the family changes the head's
+values (a soft cap, a scale: ``models.output_head``) or the head is not a plain linear layer (LoRA on it), the logits
+are formed in full as before.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..models.output_head import logits_are_head_output
+
+CHUNK = 4096  # tokens scored at once: CHUNK x vocab fp32 logits at a time
+IGNORE_INDEX = -100
+
+
+def chunk_loss_and_grads(hidden, weight, bias, labels):
+    """(summed fp32 loss, d loss / d logits (n, vocab) fp32) of hidden (n, dim) under the head (vocab, dim) [+ bias],
+    labels (n,). The logits are formed as the model's head forms them (in the autocast dtype under autocast)."""
+    logits = F.linear(hidden, weight, bias).float()  # (n, vocab)
+    loss = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    grad = torch.softmax(logits, dim=-1)
+    valid = labels != IGNORE_INDEX
+    grad[valid, labels[valid]] -= 1.0
+    return loss, grad * valid[:, None]
+
+
+class FusedHeadLoss(torch.autograd.Function):
+    """Summed cross-entropy of ``hidden @ weight.T + bias`` against ``labels``, ``chunk`` tokens at a time; the
+    gradients (fp32 sums) are formed in the forward pass, one chunk's logits alive at once, and scaled by the
+    backward pass's incoming gradient. hidden (n, dim), weight (vocab, dim), bias (vocab,) or None, labels (n,)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, chunk):
+        wants = ctx.needs_input_grad[:3]
+        grads = [
+            torch.zeros_like(t, dtype=torch.float32) if w else None
+            for t, w in zip((hidden, weight, bias), wants, strict=True)
+        ]
+        total, weight32 = hidden.new_zeros((), dtype=torch.float32), weight.float()
+        for start in range(0, labels.numel(), chunk):
+            piece = slice(start, start + chunk)
+            loss, grad_logits = chunk_loss_and_grads(hidden[piece], weight, bias, labels[piece])
+            total += loss
+            with torch.autocast(hidden.device.type, enabled=False):  # the gradients' products in fp32
+                accumulate(grads, piece, grad_logits, hidden[piece].float(), weight32)
+        ctx.grads, ctx.dtypes = grads, (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        grads = [None if g is None else (g * grad_total).to(d) for g, d in zip(ctx.grads, ctx.dtypes, strict=True)]
+        ctx.grads = None
+        return (*grads, None, None)
+
+
+def accumulate(grads: list, piece: slice, grad_logits, hidden, weight) -> None:
+    """Add one chunk's share to the gradients asked for: hidden's rows of the chunk, the head's weight and bias."""
+    if grads[0] is not None:
+        grads[0][piece] = grad_logits @ weight  # (chunk, dim)
+    if grads[1] is not None:
+        grads[1] += grad_logits.T @ hidden  # (vocab, dim)
+    if grads[2] is not None:
+        grads[2] += grad_logits.sum(0)
+
+
+def fused_head_loss(hidden, weight, bias, labels, chunk: int | None = None) -> torch.Tensor:
+    """Summed next-token loss of hidden (batch, seq, dim) whose position i is scored against labels (batch, seq)[i]
+    (already shifted; -100: not scored), under the head ``weight`` (vocab, dim) and ``bias``; ``chunk`` tokens at a
+    time (default ``CHUNK``)."""
+    chunk = CHUNK if chunk is None else chunk
+    if chunk < 1:
+        raise ValueError(f"chunk={chunk} must be an integer >= 1")
+    return FusedHeadLoss.apply(hidden.flatten(0, 1), weight, bias, labels.flatten(), chunk)
+
+
+def summed_loss(model, unwrapped, labels: torch.Tensor, **inputs) -> torch.Tensor:
+    """``model(**inputs)``'s summed token loss against ``labels`` (batch, seq), shifted: position i scored against
+    labels[:, i]. ``unwrapped``: the model under its wrappers (DDP's, FSDP's), which names its output head."""
+    head = unwrapped.get_output_embeddings()
+    if not chunked_head(head, unwrapped.config):
+        logits = model(**inputs).logits
+        return F.cross_entropy(
+            logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+    kept = {}
+
+    def before(_head, args):
+        kept["hidden"] = args[0]
+        return (args[0][:, :0],)  # logits for no token
+
+    def after(module, _args, _output):
+        kept["loss"] = fused_head_loss(kept.pop("hidden"), module.weight, module.bias, labels)
+
+    hooks = [head.register_forward_pre_hook(before), head.register_forward_hook(after)]
+    try:
+        model(**inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return kept["loss"]
+
+
+def chunked_head(head, config) -> bool:
+    """A plain linear head whose output the family returns as its logits (see the module's docstring)."""
+    return type(head) is torch.nn.Linear and logits_are_head_output(getattr(config, "model_type", None))
