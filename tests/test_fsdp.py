@@ -4,19 +4,16 @@ the one-process adapter with gradient accumulation, PoSE positions, trained norm
 checkpoint holds the trainable tensors and their optimizer state only, never the frozen base; a resume from a middle
 checkpoint gives the uninterrupted adapter; the final adapter is written once, by the main process."""
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import save_byte_llama
+from finetune_launch import ATOL, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows
 from safetensors.torch import load_file
-from test_distributed import ATOL, L0, OPTIONS, adapter, argv, launch, log_rows
 
 from hf_rope_ext.train import FinetuneConfig, finetune
 from hf_rope_ext.train.checkpoints import keep_trainable_only
 
-ROOT = Path(__file__).resolve().parents[1]
 FSDP = ("--config_file", str(ROOT / "examples" / "accelerate" / "fsdp.yaml"))  # FSDP2, one decoder layer per unit
 PROGRAM = (str(Path(__file__).with_name("fsdp_on_cpu.py")), "finetune")
 RUN = dict(OPTIONS, save_every=1, grad_checkpointing=True)
@@ -26,12 +23,7 @@ LOSS_ATOL = 1e-5  # per-step loss, 2 FSDP processes against 1 (fp32: summation o
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A saved 2-layer Llama with a byte-level tokenizer, and three text files (about 15k tokens)."""
-    root = tmp_path_factory.mktemp("fsdp")
-    save_byte_llama(root / "base", L0)
-    (root / "data").mkdir()
-    for name in ("json/decoder.py", "json/encoder.py", "csv.py"):
-        (root / "data" / f"{Path(name).stem}.txt").write_text(Path(json.__file__).parents[1].joinpath(name).read_text())
-    return root
+    return base_and_text(tmp_path_factory.mktemp("fsdp"))
 
 
 def launch_fsdp(setup, out: Path, *engine: str, **overrides):
