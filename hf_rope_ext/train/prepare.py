@@ -153,9 +153,9 @@ class Job:
 
 
 def adapter_state(accelerator, model) -> dict:
-    """The state dict the adapter is saved from; every process must call it. Under FSDP the trainable tensors alone,
-    all-gathered (the full state dict would gather the frozen base too, and hold it on the main process only);
-    otherwise accelerate's (ZeRO-3: consolidated on the main process)."""
+    """The state dict the adapter is saved from (complete on the main process); every process must call it. Under FSDP
+    the trainable tensors alone (accelerate's full state dict would gather the frozen base too); otherwise accelerate's
+    (ZeRO-3: consolidated on the main process)."""
     if is_fsdp(accelerator):
         return trainable_tensors(model)
     return accelerator.get_state_dict(model)

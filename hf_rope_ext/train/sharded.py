@@ -3,7 +3,7 @@ hold them alone.
 
 accelerate's ``save_state`` under FSDP writes every parameter (its ``save_fsdp_model``: the frozen base too; a
 save-state hook cannot stop it, it is handed no weights), and ``load_state`` reads them all back. Here the model part
-is ours: the trainable parameters are all-gathered (every process takes part), written by the main process as
+is ours: the trainable parameters are gathered (every process takes part), written by the main process as
 ``model.safetensors`` (the file and names a DDP checkpoint has), and each process copies its shard back on resume.
 The optimizer state goes through accelerate's ``save_fsdp_optimizer`` / ``load_fsdp_optimizer`` (the optimizer holds
 the trainable parameters only), and the rest (scheduler, one RNG state per process, samplers, scaler) through
@@ -25,16 +25,15 @@ def is_fsdp(accelerator) -> bool:
 
 
 def trainable_tensors(model) -> dict:
-    """{name: full CPU copy} of every trainable parameter, in ``named_parameters`` order. A sharded one (DTensor) is
-    all-gathered, so under FSDP every process must call this, and each gets every full tensor."""
-    from torch.distributed.tensor import DTensor
+    """{name: full CPU tensor} of every trainable parameter of an FSDP2 model on the main process, {} on the others.
+    Every process must call it: torch gathers each tensor from its shards (through the accelerator when they are
+    offloaded to the CPU); frozen parameters are not gathered."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    tensors = {}
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            full = param.full_tensor() if isinstance(param, DTensor) else param
-            tensors[name] = full.detach().to("cpu", copy=True)
-    return tensors
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    state = get_model_state_dict(model, options=options)
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in state.items() if k in names}  # ignore_frozen_params keeps the buffers: dropped here
 
 
 def load_trainable(model, tensors: dict) -> None:
