@@ -7,81 +7,24 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import save_byte_llama
+from finetune_launch import ATOL, L0, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows
 from safetensors.torch import load_file
 
 from hf_rope_ext.cli import main
 from hf_rope_ext.train import FinetuneConfig, finetune
 from hf_rope_ext.train.csv_log import CsvLog
 
-ROOT = Path(__file__).resolve().parents[1]
-L0 = 32
-# fp32 bound on |adapter(2 processes) - adapter(1 process)|: the two runs differ only in summation order (the
-# all-reduce adds two half-batch gradients); measured 8e-6 after 4 steps at lr 1e-2, for weights of size ~1
-ATOL = 1e-4
-
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A saved 2-layer Llama with a byte-level tokenizer, and three text files (about 15k tokens)."""
-    root = tmp_path_factory.mktemp("ddp")
-    save_byte_llama(root / "base", L0)
-    (root / "data").mkdir()
-    for name in ("json/decoder.py", "json/encoder.py", "csv.py"):
-        (root / "data" / f"{Path(name).stem}.txt").write_text(Path(json.__file__).parents[1].joinpath(name).read_text())
-    return root
-
-
-OPTIONS = dict(
-    rope_type="ntk_by_parts",
-    length=2 * L0,
-    max_steps=4,
-    lr=1e-2,
-    grad_accum=2,
-    position_schedule="pose",
-    window=L0,
-    save_every=2,
-    train_norms=True,
-)
-
-
-def argv(setup, out, **overrides) -> list[str]:
-    options = {**OPTIONS, "model": str(setup / "base"), "data": str(setup / "data"), "out": str(out), **overrides}
-    words = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        words += [flag] if value is True else [flag, str(value)]
-    return words
-
-
-def launch(words: list[str], processes: int = 2) -> subprocess.CompletedProcess:
-    """``accelerate launch --multi_gpu --num_processes N -m hf_rope_ext finetune ...`` with CUDA hidden: torchrun's
-    N processes, which hf-rope-ext runs on the CPU over gloo (``accelerate launch --cpu`` starts one process)."""
-    with socket.socket() as probe:  # a free port: tests of other checkouts may launch at the same time
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes)]
-    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", str(port), "-m", "hf_rope_ext", "finetune", *words]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
-def adapter(out: Path) -> dict:
-    return load_file(out / "adapter_model.safetensors")
-
-
-def log_rows(out: Path) -> list[list[str]]:
-    return [line.split(",") for line in (out / "logs" / "train_log.csv").read_text().splitlines()]
+    return base_and_text(tmp_path_factory.mktemp("ddp"))
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from .model import attention_implementation, check_fp16, extended_config, load_m
 from .plan import plan_stages, settings_of
 from .run_folder import log_dir
 from .sequence_parallel import ONE, SequenceGroup, check_model, check_size, make_group
+from .sharded import is_fsdp, trainable_tensors
 
 MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
@@ -114,12 +115,12 @@ class Job:
 
     def save(self, work: Path, model, out: Path) -> None:
         """Adapter, extended config, tokenizer, results and card into ``work`` (to become ``out``); the merged model
-        on request. ``model`` is the accelerate-prepared one: its state dict is gathered on every process (FSDP,
-        ZeRO-3), written by the main."""
+        on request. ``model`` is the accelerate-prepared one: its weights are gathered on every process (FSDP,
+        ZeRO-3: a collective), then written by the main process alone (the others may hold none of them)."""
         acc = self.accelerator
-        state = acc.get_state_dict(model)
-        acc.unwrap_model(model).save_pretrained(str(work), state_dict=state, is_main_process=acc.is_main_process)
+        state = adapter_state(acc, model)
         if acc.is_main_process:
+            acc.unwrap_model(model).save_pretrained(str(work), state_dict=state)
             self.config.save_pretrained(str(work))
             self.tokenizer.save_pretrained(str(work))
             (work / RESULTS_FILE).write_text(json.dumps(self.results, indent=2), encoding="utf-8")
@@ -152,6 +153,15 @@ class Job:
             training=training_summary(self.cfg),
             notes=LOAD_NOTE if kind == "adapter" else None,
         )
+
+
+def adapter_state(accelerator, model) -> dict:
+    """The state dict the adapter is saved from (complete on the main process); every process must call it. Under FSDP
+    the trainable tensors alone (accelerate's full state dict would gather the frozen base too); otherwise accelerate's
+    (ZeRO-3: consolidated on the main process)."""
+    if is_fsdp(accelerator):
+        return trainable_tensors(model)
+    return accelerator.get_state_dict(model)
 
 
 LOAD_NOTE = (

@@ -1,0 +1,131 @@
+"""FSDP2 on CPU processes: two gloo processes on accelerate's own FSDP2 path (``fully_shard``, launched with the shipped
+``examples/accelerate/fsdp.yaml``; tests/fsdp_on_cpu.py sets accelerate's shared state as a GPU launch would) train
+the one-process adapter with gradient accumulation, PoSE positions, trained norms and activation checkpointing; each
+checkpoint holds the trainable tensors and their optimizer state only, never the frozen base; a resume from a middle
+checkpoint gives the uninterrupted adapter; the final adapter is written once, by the main process."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from finetune_launch import ATOL, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows
+from safetensors.torch import load_file
+
+from hf_rope_ext.train import FinetuneConfig, finetune
+from hf_rope_ext.train.checkpoints import keep_trainable_only
+
+FSDP = ("--config_file", str(ROOT / "examples" / "accelerate" / "fsdp.yaml"))  # FSDP2, one decoder layer per unit
+PROGRAM = (str(Path(__file__).with_name("fsdp_on_cpu.py")), "finetune")
+RUN = dict(OPTIONS, save_every=1, grad_checkpointing=True)
+LOSS_ATOL = 1e-5  # per-step loss, 2 FSDP processes against 1 (fp32: summation order only; measured 5e-7)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A saved 2-layer Llama with a byte-level tokenizer, and three text files (about 15k tokens)."""
+    return base_and_text(tmp_path_factory.mktemp("fsdp"))
+
+
+def launch_fsdp(setup, out: Path, *engine: str, **overrides):
+    """Two FSDP2 processes running ``finetune`` with RUN's options; each reports the engine accelerate gave it."""
+    done = launch(argv(setup, out, **{**RUN, "batch_size": 2, **overrides}), engine=FSDP + engine, program=PROGRAM)
+    assert done.stdout.count("engine: FSDP fsdp2=True") == 2, done.stdout[-2000:]  # not turned into DDP
+    assert done.stdout.count("adapter:") == 1  # the command's report, from the main process only
+    return done
+
+
+@pytest.fixture(scope="module")
+def two(setup):
+    out = setup / "two"
+    launch_fsdp(setup, out)
+    return out
+
+
+def trainable_names(checkpoint: Path) -> list[str]:
+    """The checkpoint's tensor names as the adapter file names them (peft drops the adapter and wrapper names)."""
+    names = load_file(checkpoint / "model.safetensors").keys()
+    return sorted(n.replace("modules_to_save.", "").replace(".default", "") for n in names)
+
+
+def test_two_fsdp_processes_train_the_one_process_adapter(setup, two):
+    options = dict(RUN, model=str(setup / "base"), data=[str(setup / "data")], out=str(setup / "one"))
+    one = finetune(FinetuneConfig(**options, batch_size=4))  # one process, the same global batch
+    a, b = adapter(setup / "one"), adapter(two)
+    assert a.keys() == b.keys() and any("layernorm" in k for k in a)  # the norms are in the adapter
+    difference = max(float((a[k] - b[k]).abs().max()) for k in a)
+    losses = [float(r[4]) for r in log_rows(two)[1:]]
+    assert len(losses) == len(one["rows"]) == 4
+    loss_difference = max(abs(x - r["loss"]) for x, r in zip(losses, one["rows"], strict=True))
+    print(f"FSDP2: max |adapter(2) - adapter(1)| = {difference:.3g}, max |loss(2) - loss(1)| = {loss_difference:.3g}")
+    assert difference <= ATOL and loss_difference <= LOSS_ATOL
+
+
+def test_fsdp_checkpoints_hold_the_trainable_tensors_only(setup, two):
+    """Every checkpoint: the adapter's tensors (no frozen base, in no file), AdamW's two moments of exactly those."""
+    final = adapter(two)
+    for step in range(1, 5):
+        checkpoint = two / "checkpoints" / f"step-{step:06d}"
+        assert sorted(p.name for p in checkpoint.iterdir()) == [
+            "model.safetensors",
+            "optimizer_0",  # the optimizer's shards (torch.distributed.checkpoint, SHARDED_STATE_DICT)
+            "random_states_0.pkl",
+            "random_states_1.pkl",
+            "scheduler.bin",
+            "trainer_state.json",
+        ]
+        assert trainable_names(checkpoint) == sorted(final)
+        moments = optimizer_moments(checkpoint / "optimizer_0")
+        assert moments == 2 * sum(t.numel() for t in final.values())
+    model = (checkpoint / "model.safetensors").stat().st_size
+    base = (setup / "base" / "model.safetensors").stat().st_size
+    print(f"checkpoint model.safetensors {model} bytes, adapter {(two / 'adapter_model.safetensors').stat().st_size}")
+    assert model < base / 5
+
+
+def optimizer_moments(directory: Path) -> int:
+    """Elements of AdamW's exp_avg and exp_avg_sq in a torch.distributed.checkpoint folder (its metadata)."""
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    return sum(m.size.numel() for k, m in metadata.items() if k.endswith((".exp_avg", ".exp_avg_sq")))
+
+
+def test_fsdp_resume_from_a_middle_checkpoint_gives_the_uninterrupted_adapter(setup, two):
+    resumed = setup / "resumed"
+    launch_fsdp(setup, resumed, resume_from=two / "checkpoints" / "step-000002")
+    a, b = adapter(two), adapter(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r[4] for r in log_rows(resumed)[1:]] == [r[4] for r in log_rows(two)[3:]]
+    middle, last = (load_file(two / "checkpoints" / f"step-00000{s}" / "model.safetensors") for s in (2, 4))
+    moved = max(float((middle[k] - v).abs().max()) for k, v in last.items())
+    assert moved > 20 * ATOL  # steps 3-4 move the weights: the resumed run had to load the middle ones
+
+
+def test_fsdp_full_state_dict_checkpoints_resume_exactly(setup, two):
+    """With ``fsdp_state_dict_type: FULL_STATE_DICT`` accelerate writes the optimizer state whole (optimizer.bin, from
+    the main process); the checkpoint still holds no frozen tensor, and a resume gives the uninterrupted adapter."""
+    full, resumed = setup / "full", setup / "full-resumed"
+    engine = ("--fsdp_state_dict_type", "FULL_STATE_DICT")
+    launch_fsdp(setup, full, *engine, save_every=2)
+    checkpoint = full / "checkpoints" / "step-000002"
+    names = sorted(p.name for p in checkpoint.iterdir())
+    assert names == [
+        "model.safetensors",
+        "optimizer.bin",
+        *[f"random_states_{i}.pkl" for i in (0, 1)],
+        "scheduler.bin",
+        "trainer_state.json",
+    ]
+    assert trainable_names(checkpoint) == sorted(adapter(full))
+    launch_fsdp(setup, resumed, *engine, save_every=2, resume_from=checkpoint)
+    a, b, c = adapter(full), adapter(resumed), adapter(two)
+    assert all(torch.equal(a[k], b[k]) for k in a) and max(float((a[k] - c[k]).abs().max()) for k in a) <= ATOL
+
+
+def test_the_save_hook_takes_no_weights_from_an_engine(setup):
+    """Under FSDP and DeepSpeed accelerate's save_state hands the pre-save hook ``weights=[]`` (the engine writes the
+    model): the hook leaves them be instead of indexing them."""
+    model = torch.nn.Linear(2, 2)
+    weights = []
+    keep_trainable_only([model], weights, str(setup))
+    assert weights == []
