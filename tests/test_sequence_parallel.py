@@ -1,7 +1,8 @@
 """``--sequence-parallel N``: each row split over N CPU processes (gloo), attention by a Ulysses all-to-all around the
 registered attention function. Every rope type trains as one process does (one launch looping over the types), a
 wrapper fed each rank's own position ids does not (the negative control), the command itself under torchrun gives the
-one-process adapter and resumes exactly, and what it cannot carry is refused before training."""
+one-process adapter, so do four processes of FSDP2 x sequence parallelism, which resume exactly, and what the split
+cannot carry is refused before training."""
 
 import json
 import os
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import byte_llama_config, save_byte_llama
-from safetensors.torch import load_file
+from conftest import byte_llama_config
+from finetune_launch import L0, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows
 
 import hf_rope_ext
 from hf_rope_ext.train import FinetuneConfig, finetune
@@ -23,9 +24,9 @@ from hf_rope_ext.train.config import check_numbers
 from hf_rope_ext.train.context_parallel import shifted_labels
 from hf_rope_ext.train.sequence_parallel import ONE, SequenceGroup, check_model, check_size, shard_loss
 
-ROOT = Path(__file__).resolve().parents[1]
 TYPES = ["default", "linear", "dynamic", "yarn", "longrope", "llama3", *hf_rope_ext.available_rope_types()]
-L0 = 32
+FSDP = ("--config_file", str(ROOT / "examples" / "accelerate" / "fsdp.yaml"))  # FSDP2, one decoder layer per unit
+FSDP_PROGRAM = (str(Path(__file__).with_name("fsdp_on_cpu.py")), "finetune")
 # fp32 bounds: the one-process and the split runs differ in summation order only (measured: losses within 1e-6,
 # LoRA weights within 4e-6 after two AdamW steps of 1e-2, which move them by 2e-2)
 LOSS_ATOL, WEIGHT_ATOL = 1e-5, 1e-4
@@ -72,68 +73,63 @@ def test_a_wrapper_fed_local_position_ids_is_caught():
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A saved 2-layer Llama (4 query, 2 key-value heads) with a byte-level tokenizer, and three text files."""
-    root = tmp_path_factory.mktemp("sp")
-    save_byte_llama(root / "base", L0)
-    (root / "data").mkdir()
-    for name in ("json/decoder.py", "json/encoder.py", "csv.py"):
-        (root / "data" / f"{Path(name).stem}.txt").write_text(Path(json.__file__).parents[1].joinpath(name).read_text())
-    return root
+    return base_and_text(tmp_path_factory.mktemp("sp"))
 
 
-OPTIONS = dict(
-    rope_type="self_extend",
-    length=4 * L0,
-    max_steps=3,
-    lr=1e-2,
-    grad_accum=2,
-    batch_size=2,
-    position_schedule="pose",
-    window=48,
-    save_every=1,
-    train_norms=True,
-    grad_checkpointing=True,
-)
-
-
-def argv(setup, out, **overrides) -> list[str]:
-    options = {**OPTIONS, "model": str(setup / "base"), "data": str(setup / "data"), "out": str(out), **overrides}
-    words = ["-m", "hf_rope_ext", "finetune", "--no-progress"]
-    for key, value in options.items():
-        words += ["--" + key.replace("_", "-")] + ([] if value is True else [str(value)])
-    return words
+RUN = dict(OPTIONS, rope_type="self_extend", length=4 * L0, window=48, max_steps=3, save_every=1)
+RUN.update(grad_checkpointing=True, no_progress=True)
 
 
 def log_losses(out: Path) -> list[float]:
-    lines = (out / "logs" / "train_log.csv").read_text().splitlines()[1:]
-    return [float(line.split(",")[4]) for line in lines]
+    return [float(row[4]) for row in log_rows(out)[1:]]
+
+
+@pytest.fixture(scope="module")
+def one(setup):
+    """One process reading two whole rows per micro-batch."""
+    options = {k: v for k, v in RUN.items() if k != "no_progress"}
+    out = setup / "one"
+    paths = dict(model=str(setup / "base"), data=[str(setup / "data")], out=str(out))
+    return out, finetune(FinetuneConfig(**options, **paths, batch_size=2))
 
 
 @pytest.fixture(scope="module")
 def split(setup):
-    """The command as the docs write it: two processes, each row over both."""
+    """The command as the docs write it: ``torchrun --nproc_per_node 2 ... --sequence-parallel 2``."""
     out = setup / "split"
-    torchrun(argv(setup, out, sequence_parallel=2), env={"ACCELERATE_USE_CPU": "true"})
+    torchrun(["-m", "hf_rope_ext", "finetune", *argv(setup, out, **RUN, batch_size=2, sequence_parallel=2)])
     return out
 
 
-def test_the_command_over_two_processes_trains_the_one_process_adapter(setup, split):
-    options = dict(OPTIONS, model=str(setup / "base"), data=[str(setup / "data")], out=str(setup / "one"))
-    one = finetune(FinetuneConfig(**options))
-    a, b = load_file(setup / "one" / "adapter_model.safetensors"), load_file(split / "adapter_model.safetensors")
-    assert a.keys() == b.keys()
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < WEIGHT_ATOL
-    assert log_losses(split) == pytest.approx([r["loss"] for r in one["rows"]], abs=LOSS_ATOL)
+def assert_same_training(a: Path, b: Path) -> None:
+    """The same adapter within the fp32 bound, the same per-step losses."""
+    first, second = adapter(a), adapter(b)
+    assert first.keys() == second.keys()
+    assert max(float((first[k] - second[k]).abs().max()) for k in first) < WEIGHT_ATOL
+    assert log_losses(a) == pytest.approx(log_losses(b), abs=LOSS_ATOL)
+
+
+def test_the_command_over_two_processes_trains_the_one_process_adapter(one, split):
+    assert_same_training(one[0], split)
     plan = json.loads((split / "checkpoints" / "step-000001" / "trainer_state.json").read_text())["plan"]
     assert plan["sequence_parallel"] == 2 and plan["processes"] == 1  # one data-parallel group of two
 
 
-def test_the_split_run_resumes_exactly(setup, split):
-    resumed = setup / "split-resumed"
-    checkpoint = split / "checkpoints" / "step-000001"
-    torchrun(argv(setup, resumed, sequence_parallel=2, resume_from=checkpoint), env={"ACCELERATE_USE_CPU": "true"})
-    a, b = load_file(split / "adapter_model.safetensors"), load_file(resumed / "adapter_model.safetensors")
+def test_fsdp2_by_sequence_parallel_on_four_processes_trains_and_resumes_as_one(setup, one):
+    """Two data-parallel groups of two sequence-parallel processes, on accelerate's FSDP2 path
+    (tests/fsdp_on_cpu.py), gradient checkpointing: one process's adapter and losses; resumed from step 1, the
+    uninterrupted adapter bit for bit."""
+    out, resumed = setup / "fsdp-split", setup / "fsdp-split-resumed"
+    words = argv(setup, out, **RUN, batch_size=1, sequence_parallel=2)
+    done = launch(words, processes=4, engine=FSDP, program=FSDP_PROGRAM)
+    assert done.stdout.count("engine: FSDP fsdp2=True") == 4
+    assert_same_training(one[0], out)
+    checkpoint = out / "checkpoints" / "step-000001"
+    words = argv(setup, resumed, **RUN, batch_size=1, sequence_parallel=2, resume_from=checkpoint)
+    launch(words, processes=4, engine=FSDP, program=FSDP_PROGRAM)
+    a, b = adapter(out), adapter(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert log_losses(resumed) == log_losses(split)[1:]
+    assert log_losses(resumed) == log_losses(out)[1:]
 
 
 def test_resuming_under_another_split_is_refused(split):
