@@ -160,11 +160,17 @@ def sdpa_llama(**overrides):
         ({"num_key_value_heads": 1}, 2, [48], "1 key-value heads"),
         ({}, 2, [48, 33], "a training row of 33 tokens does not split into 2"),
         ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16}, 2, [48], "sliding-window"),
+        ({"sliding_window": 32}, 2, [32, 64], r"sliding-window layers \(sliding_window=32\) shorter than a training"),
     ],
 )
 def test_what_the_split_cannot_carry_is_refused(overrides, size, lengths, message):
     with pytest.raises(ValueError, match=message):
         check_model(sdpa_llama(**overrides), size, lengths)
+
+
+def test_a_sliding_window_no_row_reaches_is_allowed():
+    check_model(sdpa_llama(sliding_window=64), 2, [48, 64])
+    check_model(sdpa_llama(sliding_window=16, use_sliding_window=False), 2, [48])  # Qwen2's switch: off
 
 
 def test_an_implementation_that_needs_a_mask_is_refused():
@@ -221,3 +227,23 @@ def test_a_groups_shard_losses_add_up_to_the_rows_loss(monkeypatch):
 
 def summed(logits, labels):
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
+
+
+@pytest.mark.parametrize(
+    "heads, kwargs, message",
+    [
+        ((3, 1), {"position_ids": 0}, "must divide the attention heads: 3 query and 1 key-value"),
+        ((4, 2), {"position_ids": 0, "sliding_window": 15}, r"sliding_window=15\) shorter than the row \(16 tokens"),
+        ((4, 2), {}, "got no position_ids to gather"),
+    ],
+)
+def test_the_wrapper_refuses_a_call_it_cannot_carry(heads, kwargs, message):
+    """The attention call's own check, for a model the command did not check (a caller of the package's pieces)."""
+    from hf_rope_ext.attention.ulysses import check_shapes
+
+    module = torch.nn.Module()
+    module.config = sdpa_llama()
+    query, key = torch.zeros(1, heads[0], 8, 4), torch.zeros(1, heads[1], 8, 4)  # 8 tokens a shard, 2 shards
+    with pytest.raises(ValueError, match=message):
+        check_shapes(module, query, key, 2, kwargs)
+    check_shapes(module, torch.zeros(1, 4, 8, 4), torch.zeros(1, 2, 8, 4), 2, {"position_ids": 0, "sliding_window": 16})

@@ -72,10 +72,11 @@ def check_shapes(module, query: torch.Tensor, key: torch.Tensor, size: int, kwar
             f"sequence_parallel={size} must divide the attention heads: {query.shape[1]} query and {key.shape[1]} "
             f"key-value heads of model_type={getattr(module.config, 'model_type', None)!r}"
         )
-    if kwargs.get("sliding_window") is not None:
+    window, row = kwargs.get("sliding_window"), query.shape[2] * size
+    if window is not None and window < row:  # the window lives in the mask, which the row's call goes without
         raise ValueError(
-            f"sequence_parallel={size}: a sliding-window layer (sliding_window={kwargs['sliding_window']}) is not "
-            "supported; every layer must attend over the whole row"
+            f"sequence_parallel={size}: a sliding-window layer (sliding_window={window}) shorter than the row "
+            f"({row} tokens) is not supported"
         )
     if kwargs.get("position_ids") is None:
         raise ValueError(f"sequence_parallel={size}: the attention call got no position_ids to gather")

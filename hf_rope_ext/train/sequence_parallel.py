@@ -70,8 +70,12 @@ def check_model(config, size: int, lengths) -> None:
     if odd:
         raise ValueError(f"--sequence-parallel {size}: a training row of {odd[0]} tokens does not split into {size}")
     window, layer_types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None) or ()
-    if "sliding_attention" in layer_types or (window and getattr(config, "use_sliding_window", True)):
-        raise ValueError(f"--sequence-parallel {size}: sliding-window layers (sliding_window={window}) not supported")
+    slides = "sliding_attention" in layer_types or getattr(config, "use_sliding_window", True)
+    if window and slides and window < max(lengths):
+        raise ValueError(
+            f"--sequence-parallel {size}: sliding-window layers (sliding_window={window}) shorter than a training "
+            f"row ({max(lengths)} tokens) are not supported"
+        )
     implementation = config._attn_implementation
     if implementation not in CAUSAL_WITHOUT_MASK:
         raise ValueError(
