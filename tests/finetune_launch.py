@@ -42,18 +42,23 @@ def argv(setup, out, **overrides) -> list[str]:
 
 
 def launch(
-    words: list[str], processes: int = 2, engine=("--multi_gpu",), program=("-m", "hf_rope_ext", "finetune")
+    words: list[str],
+    processes: int = 2,
+    engine=("--multi_gpu",),
+    program=("-m", "hf_rope_ext", "finetune"),
+    env: dict | None = None,
 ) -> subprocess.CompletedProcess:
     """``accelerate launch --multi_gpu --num_processes N -m hf_rope_ext finetune ...`` with CUDA hidden: torchrun's
     N processes, which hf-rope-ext runs on the CPU over gloo (``accelerate launch --cpu`` starts one process).
-    ``engine``: the launcher's engine flags; ``program``: what each process runs, before ``words``."""
+    ``engine``: the launcher's engine flags; ``program``: what each process runs, before ``words``; ``env``: more
+    environment variables (they win)."""
     with socket.socket() as probe:  # a free port: tests of other checkouts may launch at the same time
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "accelerate.commands.launch", *engine, "--num_processes", str(processes)]
     command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     command += ["--main_process_port", str(port), *program, *words]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done

@@ -7,7 +7,9 @@ compute logits for no token; a hook after it scores the kept hidden states in ch
 gradient for the hidden states (and the head's weight, when it trains) is formed chunk by chunk in the same pass and
 kept, so the backward pass needs neither the logits nor the head's weight again. Where the family changes the head's
 values (a soft cap, a scale: ``models.output_head``) or the head is not a plain linear layer (LoRA on it), the logits
-are formed in full as before.
+are formed in full as before, and so they are under DeepSpeed ZeRO-3, whose hooks gather a module's weight for the
+backward pass only when its output is in the graph (the head's empty output is not: "active_backward_submodules is
+empty during backward pass") and may release it before a later forward hook runs.
 """
 
 from __future__ import annotations
@@ -109,5 +111,7 @@ def summed_loss(model, unwrapped, labels: torch.Tensor, **inputs) -> torch.Tenso
 
 
 def chunked_head(head, config) -> bool:
-    """A plain linear head whose output the family returns as its logits (see the module's docstring)."""
-    return type(head) is torch.nn.Linear and logits_are_head_output(getattr(config, "model_type", None))
+    """A plain linear head whose output the family returns as its logits, not partitioned by DeepSpeed ZeRO-3 (whose
+    parameters carry a ``ds_id``): see the module's docstring."""
+    plain = type(head) is torch.nn.Linear and not hasattr(head.weight, "ds_id")
+    return plain and logits_are_head_output(getattr(config, "model_type", None))

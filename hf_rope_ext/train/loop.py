@@ -143,6 +143,7 @@ def train(
     sp = settings.sequence_parallel
     total, plan = sum(s.steps for s in stages), settings.plan(stages, data_parallel(accelerator, sp)[0])
     optimizer, scheduler = make_optimizer(model, settings, total)
+    set_deepspeed_micro_batch(accelerator, settings.batch_size)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     accelerator.register_save_state_pre_hook(keep_trainable_only)
     loaders = stage_loaders(accelerator, datasets, settings.batch_size, settings.seed, sp)
@@ -180,6 +181,14 @@ def train(
     finally:
         disable()
     return rows, model
+
+
+def set_deepspeed_micro_batch(accelerator, batch_size: int) -> None:
+    """Under DeepSpeed accelerate reads each process' micro-batch from a dataloader given to the same ``prepare``
+    call as the model; the loop prepares its loaders apart (one per stage), so an ``auto`` value is filled here."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None and plugin.is_auto("train_micro_batch_size_per_gpu"):
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = batch_size
 
 
 def run_stage(run: Run, step: int, rows: list[dict]) -> int:

@@ -1,0 +1,118 @@
+"""DeepSpeed ZeRO-3 on CPU processes: two gloo processes on accelerate's own DeepSpeed path (``deepspeed.initialize``
+with ZeRO stage 3, DeepSpeed's CPU accelerator; launched with the shipped ``examples/accelerate/deepspeed_zero3.yaml``,
+tests/deepspeed_on_cpu.py builds the Accelerator as a GPU launch would) train the one-process adapter with gradient
+accumulation, PoSE positions, trained norms and activation checkpointing; each checkpoint holds the trainable tensors
+and their optimizer state only, never the frozen base; a resume from a middle checkpoint gives the uninterrupted
+adapter. deepspeed is in the ``test`` extra: without it this module fails, it is not skipped."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from finetune_launch import ATOL, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows
+
+from hf_rope_ext.train import FinetuneConfig, finetune
+
+DEEPSPEED = importlib.util.find_spec("deepspeed")
+assert DEEPSPEED is not None, "tests/test_deepspeed.py needs deepspeed: pip install -e '.[test]'"
+ZERO3 = ("--config_file", str(ROOT / "examples" / "accelerate" / "deepspeed_zero3.yaml"))
+PROGRAM = (str(Path(__file__).with_name("deepspeed_on_cpu.py")), "finetune")
+# DeepSpeed's CPU accelerator, and the launched processes import the deepspeed this test found
+ENV = {
+    "DS_ACCELERATOR": "cpu",
+    "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(DEEPSPEED.submodule_search_locations[0]).parent)]),
+}
+RUN = dict(OPTIONS, save_every=1, grad_checkpointing=True)
+LOSS_ATOL = 1e-5  # per-step loss, 2 DeepSpeed processes against 1 (fp32: summation order only; measured 5e-7)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A saved 2-layer Llama with a byte-level tokenizer, and three text files (about 15k tokens)."""
+    return base_and_text(tmp_path_factory.mktemp("deepspeed"))
+
+
+def launch_zero3(setup, out: Path, **overrides):
+    """Two DeepSpeed ZeRO-3 processes running ``finetune`` with RUN's options (the config's accumulation set to
+    --grad-accum's); each reports the engine accelerate gave it."""
+    engine = (*ZERO3, "--gradient_accumulation_steps", str(RUN["grad_accum"]))
+    words = argv(setup, out, **{**RUN, "batch_size": 2, **overrides})
+    done = launch(words, engine=engine, program=PROGRAM, env=ENV)
+    assert done.stdout.count("engine: DEEPSPEED") == 2, done.stdout[-2000:]  # not turned into DDP
+    assert done.stdout.count("adapter:") == 1  # the command's report, from the main process only
+    return done
+
+
+@pytest.fixture(scope="module")
+def two(setup):
+    out = setup / "two"
+    launch_zero3(setup, out)
+    return out
+
+
+def test_two_deepspeed_processes_train_the_one_process_adapter(setup, two):
+    options = dict(RUN, model=str(setup / "base"), data=[str(setup / "data")], out=str(setup / "one"))
+    one = finetune(FinetuneConfig(**options, batch_size=4))  # one process, the same global batch
+    a, b = adapter(setup / "one"), adapter(two)
+    assert a.keys() == b.keys() and any("layernorm" in k for k in a)  # the norms are in the adapter
+    difference = max(float((a[k] - b[k]).abs().max()) for k in a)
+    losses = [float(r[4]) for r in log_rows(two)[1:]]
+    assert len(losses) == len(one["rows"]) == 4
+    loss_difference = max(abs(x - r["loss"]) for x, r in zip(losses, one["rows"], strict=True))
+    print(f"ZeRO-3: max |adapter(2) - adapter(1)| = {difference:.3g}, max |loss(2) - loss(1)| = {loss_difference:.3g}")
+    assert difference <= ATOL and loss_difference <= LOSS_ATOL
+
+
+def states(checkpoint: Path, rank: int, kind: str) -> dict:
+    """One process' DeepSpeed ``model_states`` or ``optim_states`` file of a checkpoint (pickled DeepSpeed objects)."""
+    path = checkpoint / "pytorch_model" / f"zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt"
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def adapter_name(name: str) -> str:
+    """A parameter's name as the adapter file names it (peft drops the adapter and wrapper names)."""
+    return name.replace("modules_to_save.", "").replace(".default", "")
+
+
+def test_deepspeed_checkpoints_hold_the_trainable_tensors_only(setup, two):
+    """Every checkpoint: each process' module state names the adapter's tensors only (no frozen base, which the
+    engine leaves out: ``exclude_frozen_parameters``), and its optimizer partition holds half of exactly those, with
+    AdamW's two moments of them."""
+    final = adapter(two)
+    trainable = sum(t.numel() for t in final.values())
+    for step in range(1, 5):
+        checkpoint = two / "checkpoints" / f"step-{step:06d}"
+        assert sorted(p.name for p in checkpoint.iterdir()) == [
+            "latest",
+            "pytorch_model",
+            "random_states_0.pkl",
+            "random_states_1.pkl",
+            "scheduler.bin",
+            "trainer_state.json",
+            "zero_to_fp32.py",
+            "zero_to_torch.py",
+        ]
+        for rank in (0, 1):
+            model = states(checkpoint, rank, "model")
+            assert sorted(map(adapter_name, model["module"])) == sorted(final)
+            assert [sorted(map(adapter_name, s)) for s in model["param_shapes"]] == [sorted(final)]
+            assert not model["frozen_param_shapes"] and not model["frozen_param_fragments"]
+            optimizer = states(checkpoint, rank, "optim")["optimizer_state_dict"]
+            assert sum(g.numel() for g in optimizer["fp32_flat_groups"]) == trainable // 2
+            moments = optimizer["optimizer_state_dict"]["state"].values()
+            assert sum(s["exp_avg"].numel() + s["exp_avg_sq"].numel() for s in moments) == trainable
+    size = sum(p.stat().st_size for p in (checkpoint / "pytorch_model").iterdir())
+    print(f"checkpoint pytorch_model/ {size} bytes, adapter {(two / 'adapter_model.safetensors').stat().st_size}")
+
+
+def test_deepspeed_resume_from_a_middle_checkpoint_gives_the_uninterrupted_adapter(setup, two):
+    resumed = setup / "resumed"
+    launch_zero3(setup, resumed, resume_from=two / "checkpoints" / "step-000002")
+    a, b = adapter(two), adapter(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r[4] for r in log_rows(resumed)[1:]] == [r[4] for r in log_rows(two)[3:]]
+    middle, last = (states(two / "checkpoints" / f"step-00000{s}", 0, "optim") for s in (2, 4))
+    flat = [m["optimizer_state_dict"]["fp32_flat_groups"][0].detach() for m in (middle, last)]
+    assert float((flat[0] - flat[1]).abs().max()) > 20 * ATOL  # steps 3-4 move the weights: the resume loaded them
