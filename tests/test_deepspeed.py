@@ -116,3 +116,16 @@ def test_deepspeed_resume_from_a_middle_checkpoint_gives_the_uninterrupted_adapt
     middle, last = (states(two / "checkpoints" / f"step-00000{s}", 0, "optim") for s in (2, 4))
     flat = [m["optimizer_state_dict"]["fp32_flat_groups"][0].detach() for m in (middle, last)]
     assert float((flat[0] - flat[1]).abs().max()) > 20 * ATOL  # steps 3-4 move the weights: the resume loaded them
+
+
+def test_deepspeed_with_each_row_over_both_processes_trains_the_one_process_adapter(setup):
+    """``--sequence-parallel 2`` under ZeRO-3: the package's all-to-all around the attention function runs under
+    DeepSpeed's engine as under DDP and FSDP2; an attention-level type, PoSE rows over both processes."""
+    split = dict(rope_type="self_extend", length=128, window=48, max_steps=3, save_every=3)
+    launch_zero3(setup, setup / "split", **split, sequence_parallel=2)
+    options = dict(RUN, **split, model=str(setup / "base"), data=[str(setup / "data")], out=str(setup / "one-split"))
+    one = finetune(FinetuneConfig(**options, batch_size=2))  # one group of two processes reads 2 rows
+    a, b = adapter(setup / "one-split"), adapter(setup / "split")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= ATOL
+    losses = [float(r[4]) for r in log_rows(setup / "split")[1:]]
+    assert losses == pytest.approx([r["loss"] for r in one["rows"]], abs=LOSS_ATOL)
