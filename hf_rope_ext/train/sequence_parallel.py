@@ -6,8 +6,8 @@ Processes = data-parallel x sequence-parallel: ranks ``[g*N, (g+1)*N)`` form seq
 (``--batch-size`` counts rows per group). Every rank of a group holds the whole row's input ids, position ids (PoSE
 skips included) and labels, shifted on the whole row before sharding; it keeps its shard and scores it. The loss of a
 group is its rows' summed token losses over their valid-token count (all-reduced over the group); each rank returns
-N times its share, so that gradients averaged over all N x data-parallel processes (DDP, FSDP2) are the data-parallel
-average of the groups' gradients, and the mean of the ranks' losses is the mean of the groups' losses.
+N times its share, so that gradients averaged over all N x data-parallel processes (DDP, FSDP2, ZeRO-3) are the
+data-parallel average of the groups' gradients, and the mean of the ranks' losses is the mean of the groups' losses.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ ONE = SequenceGroup(1, 0, None)
 
 
 def check_size(size: int, processes: int) -> None:
+    """N must split the processes into whole sequence groups."""
     if size < 1 or processes % size:
         raise ValueError(
             f"--sequence-parallel {size} must be >= 1 and divide the number of processes ({processes}); "
@@ -57,8 +58,8 @@ def make_group(size: int, processes: int, rank: int) -> SequenceGroup:
 
 
 def check_model(config, size: int, lengths) -> None:
-    """Before training: heads that split over N, rows that split into N shards, no sliding-window layer, an attention
-    implementation that the wrapper carries."""
+    """Before training: heads that split over N, rows that split into N shards, no sliding window shorter than a row,
+    an attention implementation the wrapper carries (``lengths``: the training rows' lengths)."""
     if size == 1:
         return
     heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -69,17 +70,23 @@ def check_model(config, size: int, lengths) -> None:
     odd = [n for n in lengths if n % size]
     if odd:
         raise ValueError(f"--sequence-parallel {size}: a training row of {odd[0]} tokens does not split into {size}")
+    check_window(config, size, max(lengths))
+    if config._attn_implementation not in CAUSAL_WITHOUT_MASK:
+        raise ValueError(
+            f"--sequence-parallel {size} runs attention through {list(CAUSAL_WITHOUT_MASK)}, "
+            f"not {config._attn_implementation!r}"
+        )
+
+
+def check_window(config, size: int, row: int) -> None:
+    """A sliding window lives in the mask, which the wrapper's call over the row goes without: refused where a row is
+    longer than the window (Qwen2's ``use_sliding_window`` off, or every layer full, has none)."""
     window, layer_types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None) or ()
     slides = "sliding_attention" in layer_types or getattr(config, "use_sliding_window", True)
-    if window and slides and window < max(lengths):
+    if window and slides and window < row:
         raise ValueError(
             f"--sequence-parallel {size}: sliding-window layers (sliding_window={window}) shorter than a training "
-            f"row ({max(lengths)} tokens) are not supported"
-        )
-    implementation = config._attn_implementation
-    if implementation not in CAUSAL_WITHOUT_MASK:
-        raise ValueError(
-            f"--sequence-parallel {size} runs attention through {list(CAUSAL_WITHOUT_MASK)}, not {implementation!r}"
+            f"row ({row} tokens) are not supported"
         )
 
 
