@@ -15,6 +15,7 @@ import sys
 import accelerate
 import deepspeed
 from accelerate import PartialState
+from finetune_launch import report_engine
 
 from hf_rope_ext.cli import main
 from hf_rope_ext.train import prepare
@@ -35,14 +36,5 @@ class Accelerator(accelerate.Accelerator):
 
 
 accelerate.Accelerator = Accelerator
-stock = prepare.make_accelerator
-
-
-def make_accelerator(*args, **kwargs):
-    accelerator = stock(*args, **kwargs)
-    print(f"engine: {accelerator.distributed_type.value}", flush=True)
-    return accelerator
-
-
-prepare.make_accelerator = make_accelerator
+report_engine(prepare, lambda accelerator: accelerator.distributed_type.value)
 sys.exit(main(sys.argv[1:]))

@@ -80,3 +80,31 @@ def base_and_text(root: Path) -> Path:
     for name in ("json/decoder.py", "json/encoder.py", "csv.py"):
         (root / "data" / f"{Path(name).stem}.txt").write_text(Path(json.__file__).parents[1].joinpath(name).read_text())
     return root
+
+
+def one_process_gaps(setup: Path, out: Path, run: dict, batch_size: int) -> tuple[float, float]:
+    """(max |adapter - one process's adapter|, max |loss - one process's loss| per step) of the run in ``out``, against
+    ``finetune`` in this process with ``run``'s options and ``batch_size`` rows (the same global batch)."""
+    from hf_rope_ext.train import FinetuneConfig, finetune
+
+    options = dict(run, model=str(setup / "base"), data=[str(setup / "data")], out=str(out) + "-one")
+    one = finetune(FinetuneConfig(**options, batch_size=batch_size))
+    a, b = adapter(Path(options["out"])), adapter(out)
+    assert a.keys() == b.keys() and any("layernorm" in k for k in a)  # the norms are in the adapter
+    losses = [float(r[4]) for r in log_rows(out)[1:]]
+    assert len(losses) == len(one["rows"])
+    difference = max(float((a[k] - b[k]).abs().max()) for k in a)
+    return difference, max(abs(x - r["loss"]) for x, r in zip(losses, one["rows"], strict=True))
+
+
+def report_engine(prepare, describe) -> None:
+    """In a launched process: make ``prepare.make_accelerator`` print ``engine: <describe(accelerator)>`` once the
+    Accelerator exists, so a test can check which engine accelerate really ran."""
+    stock = prepare.make_accelerator
+
+    def make_accelerator(*args, **kwargs):
+        accelerator = stock(*args, **kwargs)
+        print(f"engine: {describe(accelerator)}", flush=True)
+        return accelerator
+
+    prepare.make_accelerator = make_accelerator

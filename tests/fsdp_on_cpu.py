@@ -11,6 +11,7 @@ import sys
 
 from accelerate import PartialState
 from accelerate.utils import DistributedType
+from finetune_launch import report_engine
 
 from hf_rope_ext.cli import main
 from hf_rope_ext.train import prepare
@@ -18,14 +19,5 @@ from hf_rope_ext.train import prepare
 PartialState(cpu=True)  # the gloo process group, as the package's launched_state() starts it
 PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU  # what a GPU launch would report
 
-stock = prepare.make_accelerator
-
-
-def make_accelerator(*args, **kwargs):
-    accelerator = stock(*args, **kwargs)
-    print(f"engine: {accelerator.distributed_type.value} fsdp2={accelerator.is_fsdp2}", flush=True)
-    return accelerator
-
-
-prepare.make_accelerator = make_accelerator
+report_engine(prepare, lambda accelerator: f"{accelerator.distributed_type.value} fsdp2={accelerator.is_fsdp2}")
 sys.exit(main(sys.argv[1:]))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from finetune_launch import ATOL, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows
+from finetune_launch import ATOL, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows, one_process_gaps
 
 from hf_rope_ext.train import FinetuneConfig, finetune
 
@@ -53,14 +53,7 @@ def two(setup):
 
 
 def test_two_deepspeed_processes_train_the_one_process_adapter(setup, two):
-    options = dict(RUN, model=str(setup / "base"), data=[str(setup / "data")], out=str(setup / "one"))
-    one = finetune(FinetuneConfig(**options, batch_size=4))  # one process, the same global batch
-    a, b = adapter(setup / "one"), adapter(two)
-    assert a.keys() == b.keys() and any("layernorm" in k for k in a)  # the norms are in the adapter
-    difference = max(float((a[k] - b[k]).abs().max()) for k in a)
-    losses = [float(r[4]) for r in log_rows(two)[1:]]
-    assert len(losses) == len(one["rows"]) == 4
-    loss_difference = max(abs(x - r["loss"]) for x, r in zip(losses, one["rows"], strict=True))
+    difference, loss_difference = one_process_gaps(setup, two, RUN, batch_size=4)  # the same global batch
     print(f"ZeRO-3: max |adapter(2) - adapter(1)| = {difference:.3g}, max |loss(2) - loss(1)| = {loss_difference:.3g}")
     assert difference <= ATOL and loss_difference <= LOSS_ATOL
 

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from finetune_launch import ATOL, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows
+from finetune_launch import ATOL, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows, one_process_gaps
 from safetensors.torch import load_file
 
-from hf_rope_ext.train import FinetuneConfig, finetune
 from hf_rope_ext.train.checkpoints import keep_trainable_only
 
 FSDP = ("--config_file", str(ROOT / "examples" / "accelerate" / "fsdp.yaml"))  # FSDP2, one decoder layer per unit
@@ -48,14 +47,7 @@ def trainable_names(checkpoint: Path) -> list[str]:
 
 
 def test_two_fsdp_processes_train_the_one_process_adapter(setup, two):
-    options = dict(RUN, model=str(setup / "base"), data=[str(setup / "data")], out=str(setup / "one"))
-    one = finetune(FinetuneConfig(**options, batch_size=4))  # one process, the same global batch
-    a, b = adapter(setup / "one"), adapter(two)
-    assert a.keys() == b.keys() and any("layernorm" in k for k in a)  # the norms are in the adapter
-    difference = max(float((a[k] - b[k]).abs().max()) for k in a)
-    losses = [float(r[4]) for r in log_rows(two)[1:]]
-    assert len(losses) == len(one["rows"]) == 4
-    loss_difference = max(abs(x - r["loss"]) for x, r in zip(losses, one["rows"], strict=True))
+    difference, loss_difference = one_process_gaps(setup, two, RUN, batch_size=4)  # the same global batch
     print(f"FSDP2: max |adapter(2) - adapter(1)| = {difference:.3g}, max |loss(2) - loss(1)| = {loss_difference:.3g}")
     assert difference <= ATOL and loss_difference <= LOSS_ATOL
 
