@@ -64,7 +64,11 @@ SHAPES = {
     ),
 }
 # the parameters of the known case (Self-Extend, window 512, groups of 8); every other key as ``finetune`` sets it
-OVERRIDES = {"self_extend": {"window": 512, "group_size": 8}}
+OVERRIDES = {
+    "self_extend": {"window": 512, "group_size": 8},
+    "xpos": {"scale_base": 512.0},
+    "roper": {"value_rotary_factor": 1.0},
+}
 
 
 def build_model(shape: str, layers: int | None, rope_type: str, length: int, pretrain: int | None = None):
