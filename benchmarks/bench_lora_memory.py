@@ -165,8 +165,31 @@ def git_state() -> dict:
     return {"commit": git("rev-parse", "HEAD"), "clean": git("status", "--porcelain") == ""}
 
 
+def table(records: list[dict]) -> str:
+    """A markdown table of records: live and resident peaks, the live peak's ratio to yarn's (the yarn record of the
+    same length and layers, from the same commit where there is one)."""
+    yarn = {}
+    for r in sorted(records, key=lambda r: r["commit"]):
+        if r["rope_type"] == "yarn":
+            yarn.setdefault((r["length"], r["layers"]), {})[r["commit"]] = r["per_process"][0]["live_peak_bytes"]
+    lines = [
+        "| commit | layers | length | rope type | live peak GiB | ratio to yarn | resident step peak GiB | step s |",
+        "|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in sorted(records, key=lambda r: (r["length"], r["layers"], r["commit"], r["rope_type"] != "yarn")):
+        one, ours = r["per_process"][0], yarn.get((r["length"], r["layers"]), {})
+        base = ours.get(r["commit"], next(iter(ours.values()), None))
+        ratio = f"{one['live_peak_bytes'] / base:.2f}" if base else "-"
+        lines.append(
+            f"| {r['commit'][:7]}{'' if r['clean'] else '+'} | {r['layers']} | {r['length']} | `{r['rope_type']}` | "
+            f"{one['live_peak_gib']:.3f} | {ratio} | {one['resident_step_peak_gib']:.3f} | {one['step_seconds']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", type=Path, nargs="+", default=None, help="print a table of these JSON records")
     parser.add_argument("--model-shape", choices=sorted(SHAPES), default="llama-16x8")
     parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers than the shape's (quick runs)")
     parser.add_argument("--rope-type", default="yarn")
@@ -176,6 +199,9 @@ def main() -> None:
     parser.add_argument("--sequence-parallel", type=int, default=1, help="processes (only 1 so far)")
     parser.add_argument("--json", type=Path, default=None, help="write the record here")
     settings = parser.parse_args()
+    if settings.table:
+        print(table([json.loads(path.read_text()) for path in settings.table]))
+        return
     if settings.sequence_parallel != 1:
         parser.error(f"--sequence-parallel {settings.sequence_parallel}: only 1 process is measured so far")
     record = {

@@ -80,15 +80,17 @@ def chunk_rows(call: Call, rows: slice, keys: torch.Tensor, start: int, before: 
 
 
 def chunk_spans(call: Call, row_starts: list[int], key_starts: list[int]) -> tuple[list[Band], list[Span]]:
-    """The pieces of ``chunk_rows`` for every chunk as spans (``banded``): three bands, one rotation of the keys."""
-    offset, key_band = call.key.shape[2] - call.query.shape[2], call.form.bands[0]
+    """The pieces of ``chunk_rows`` for every chunk as spans (``banded``): three bands, one rotation of the keys; the
+    bands hold positions and frequencies, not the call's tensors (see ``two_band.regular_spans``)."""
+    offset, bands = call.key.shape[2] - call.query.shape[2], call.form.bands
+    q_pos, k_pos, inv_freq, params = call.q_pos, call.k_pos, call.inv_freq, call.params
 
     def keys(key):
-        return rotate(key, key_band.key_position(call.k_pos, call.params), call.inv_freq)
+        return rotate(key, bands[0].key_position(k_pos, params), inv_freq)
 
     def queries(band):
-        position = call.form.bands[band].query_position
-        return lambda query, rows: rotate(query[:, :, rows], position(call.q_pos[:, rows], call.params), call.inv_freq)
+        position = bands[band].query_position
+        return lambda query, rows: rotate(query[:, :, rows], position(q_pos[:, rows], params), inv_freq)
 
     spans = []
     for i in range(1, len(row_starts) - 1):

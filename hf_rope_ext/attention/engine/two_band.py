@@ -83,23 +83,24 @@ def near_regular(call: Call, window: int, scale: float, grad: bool):
 
 
 def regular_spans(call: Call, window: int) -> tuple[list[Band], list[Span]]:
-    """The near and far bands of regular positions as spans (``banded``): the same pieces as the plan below."""
+    """The near and far bands of regular positions as spans (``banded``): the same pieces as the plan below. The bands
+    hold positions and frequencies, never the call's q, k or v (the autograd graph keeps them until the backward, past
+    what activation checkpointing frees)."""
     q_len, kv = call.query.shape[2], call.key.shape[2]
     offset, reach, far = kv - q_len, max(0, kv - q_len - window + 1), call.form.far
+    q_pos, k_pos, inv_freq, params = call.q_pos, call.k_pos, call.inv_freq, call.params
 
     def near_queries(query, rows):
-        return rotate(query[:, :, rows], call.q_pos[:, rows], call.inv_freq)
+        return rotate(query[:, :, rows], q_pos[:, rows], inv_freq)
 
     def far_queries_of(query, rows):
-        return rotate(query[:, :, rows], far.query_position(call.q_pos[:, rows], call.params), call.inv_freq)
+        return rotate(query[:, :, rows], far.query_position(q_pos[:, rows], params), inv_freq)
 
     def far_keys_of(key):
-        if far.key_position is origin:
-            return key
-        return rotate(key, far.key_position(call.k_pos, call.params), call.inv_freq)
+        return key if far.key_position is origin else rotate(key, far.key_position(k_pos, params), inv_freq)
 
     bands = [
-        Band(near_queries, lambda key: rotate(key[:, :, reach:], call.k_pos[:, reach:], call.inv_freq), reach),
+        Band(near_queries, lambda key: rotate(key[:, :, reach:], k_pos[:, reach:], inv_freq), reach),
         Band(far_queries_of, far_keys_of),
     ]
     spans, step = [], piece_rows(call.query.device, near_block(window), q_len)
