@@ -19,6 +19,7 @@ import torch
 
 from ..rotation import rotate
 from . import rotated_cache
+from .banded import Band, Span, applies, banded, causal_spans
 from .call import Call
 from .kernels import attend_piece
 from .lse import Rows, causal_lse, merge
@@ -78,11 +79,36 @@ def chunk_rows(call: Call, rows: slice, keys: torch.Tensor, start: int, before: 
     return found
 
 
+def chunk_spans(call: Call, row_starts: list[int], key_starts: list[int]) -> tuple[list[Band], list[Span]]:
+    """The pieces of ``chunk_rows`` for every chunk as spans (``banded``): three bands, one rotation of the keys; the
+    bands hold positions and frequencies, not the call's tensors (see ``two_band.regular_spans``)."""
+    offset, bands = call.key.shape[2] - call.query.shape[2], call.form.bands
+    q_pos, k_pos, inv_freq, params = call.q_pos, call.k_pos, call.inv_freq, call.params
+
+    def keys(key):
+        return rotate(key, bands[0].key_position(k_pos, params), inv_freq)
+
+    def queries(band):
+        position = bands[band].query_position
+        return lambda query, rows: rotate(query[:, :, rows], position(q_pos[:, rows], params), inv_freq)
+
+    spans = []
+    for i in range(1, len(row_starts) - 1):
+        rows, start, before = slice(row_starts[i], row_starts[i + 1]), key_starts[i], key_starts[i - 1]
+        if rows.stop > rows.start:
+            spans += causal_spans(0, rows, offset + rows.start - start, base=start)
+            spans += [Span(b, rows, lo, hi, Piece()) for b, lo, hi in ((1, before, start), (2, 0, before)) if hi > lo]
+    return [Band(queries(b), keys) for b in range(3)], spans
+
+
 def chunked(call: Call, first: int, last: int, scale: float) -> torch.Tensor:
     """The output [B, H, q, dv] of a chunked form, increasing positions from ``first`` to ``last``, no mask, the
     same positions in every row."""
     q_len, kv = call.query.shape[2], call.key.shape[2]
     offset, grad = kv - q_len, needs_grad(call.query, call.key, call.value)
+    if grad and applies(call.query.device):  # autograd: only q, k, v, the output and its lse kept (``banded``)
+        spans = chunk_spans(call, *chunk_starts(call, first, last))
+        return banded(call.query, call.key, call.value, *spans, scale)
     keys, out = chunk_keys(call, offset), Rows(call.query, call.value.shape[-1], grad)
     row_starts, key_starts = chunk_starts(call, first, last)  # entry i: chunk floor(first / c) - 1 + i
     for i in range(1, len(row_starts) - 1):

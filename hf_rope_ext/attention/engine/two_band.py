@@ -19,6 +19,7 @@ import torch
 from ..methods.form import origin
 from ..rotation import rotate
 from . import rotated_cache
+from .banded import Band, Span, applies, banded, causal_spans
 from .call import Call
 from .kernels import attend_piece, piece_rows
 from .lse import Rows, causal_lse, merge
@@ -81,11 +82,46 @@ def near_regular(call: Call, window: int, scale: float, grad: bool):
     return out.result(), torch.cat(lses, dim=2)
 
 
+def regular_spans(call: Call, window: int) -> tuple[list[Band], list[Span]]:
+    """The near and far bands of regular positions as spans (``banded``): the same pieces as the plan below. The bands
+    hold positions and frequencies, never the call's q, k or v (the autograd graph keeps them until the backward, past
+    what activation checkpointing frees)."""
+    q_len, kv = call.query.shape[2], call.key.shape[2]
+    offset, reach, far = kv - q_len, max(0, kv - q_len - window + 1), call.form.far
+    q_pos, k_pos, inv_freq, params = call.q_pos, call.k_pos, call.inv_freq, call.params
+
+    def near_queries(query, rows):
+        return rotate(query[:, :, rows], q_pos[:, rows], inv_freq)
+
+    def far_queries_of(query, rows):
+        return rotate(query[:, :, rows], far.query_position(q_pos[:, rows], params), inv_freq)
+
+    def far_keys_of(key):
+        return key if far.key_position is origin else rotate(key, far.key_position(k_pos, params), inv_freq)
+
+    bands = [
+        Band(near_queries, lambda key: rotate(key[:, :, reach:], k_pos[:, reach:], inv_freq), reach),
+        Band(far_queries_of, far_keys_of),
+    ]
+    spans, step = [], piece_rows(call.query.device, near_block(window), q_len)
+    for i0 in range(0, q_len, step):
+        i1 = min(i0 + step, q_len)
+        lo = max(0, offset + i0 - window + 1)
+        spans.append(Span(0, slice(i0, i1), lo, offset + i1, Piece(row0=offset + i0, column0=lo, low=0, high=window)))
+    first_far = max(0, window - offset)
+    step = piece_rows(call.query.device, FAR_BLOCK, max(1, q_len - first_far))
+    for i0 in range(first_far, q_len, step):
+        spans += causal_spans(1, slice(i0, min(i0 + step, q_len)), offset + i0 - window)
+    return bands, spans
+
+
 def two_band_regular(call: Call, scale: float) -> torch.Tensor:
     """Near band and shifted-causal far band, merged row by row; [B, H, q, dv]."""
     window = int(call.params["window"])
     q_len, kv = call.query.shape[2], call.key.shape[2]
     offset, grad = kv - q_len, needs_grad(call.query, call.key, call.value)
+    if grad and applies(call.query.device):  # autograd: only q, k, v, the output and its lse kept (``banded``)
+        return banded(call.query, call.key, call.value, *regular_spans(call, window), scale)
     near_out, near_lse = near_regular(call, window, scale, grad)
     first_far = max(0, window - offset)  # rows with a far key: offset + row >= window
     if first_far >= q_len:
