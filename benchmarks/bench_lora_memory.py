@@ -5,15 +5,17 @@ resident-set peak, for one rope type at one length, on random weights built from
         --model-shape llama-16x8 --layers 4 --rope-type self_extend --length 16384 --json out.json
 
 The step is what ``finetune`` runs, in float32: LoRA rank 8 on q/k/v/o, activation checkpointing (non-reentrant),
-the forward through the base model to its last hidden states, the loss in chunks of tokens without full logits
-(``train.loss.chunked_causal_lm_loss``), the backward. An attention-level type runs through the package's attention
-function under ``sdpa``; a frequency-level one (``yarn``) through transformers' own sdpa. The live peak counts every
-storage made during the step (activations, saved tensors, gradients, the loss chunks), not the weights, which are
-reported as the baseline; the resident peak is sampled every few milliseconds during the step (plus ``ru_maxrss``
-for the whole process). A benchmark: it prints figures and writes a JSON record, it asserts nothing.
+``train.loop.forward_loss`` (the loss taken from the output head's input in chunks, ``train.head_loss``: no full
+logits), the backward. An attention-level type runs through the package's attention function under ``sdpa``; a
+frequency-level one (``yarn``) through transformers' own sdpa. The live peak counts every storage made during the step
+(activations, saved tensors, gradients, the loss chunks, the all-to-all buffers), not the weights, which are reported
+as the baseline; the resident peak is sampled every few milliseconds during the step (plus ``ru_maxrss`` for the
+whole process). A benchmark: it prints figures and writes a JSON record, it asserts nothing.
 
-One process now; the record's ``processes`` field and ``measure(settings, rank, world)`` leave room for
-``--sequence-parallel N`` (N gloo processes, each measuring its own step) later.
+``--sequence-parallel N`` runs the step in N gloo processes (torchrun, started by the script itself), each row split
+over them as ``finetune --sequence-parallel N`` splits it; each process measures its own step, the record keeps them
+all and the table shows the largest. The weights are whole on every process here (no FSDP2): the live peak is the
+step's own memory, which is what the split divides.
 """
 
 from __future__ import annotations
@@ -23,17 +25,20 @@ import gc
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_rope_ext  # noqa: F401  (registers the rope types)
+from hf_rope_ext.train.loop import forward_loss
 from hf_rope_ext.train.lora import apply_lora
-from hf_rope_ext.train.loss import chunked_causal_lm_loss
 from hf_rope_ext.train.model import target_rope_parameters
+from hf_rope_ext.train.sequence_parallel import ONE, enable, make_group
 from hf_rope_ext.util.memory_peak import LivePeak, resident_bytes, resident_peak_bytes
 from hf_rope_ext.util.quiet import enable_activation_checkpointing
 
@@ -92,12 +97,14 @@ def build_model(shape: str, layers: int | None, rope_type: str, length: int, pre
     return model, params
 
 
-def one_step(model, input_ids: torch.Tensor) -> float:
-    """Forward to the last hidden states, chunked loss, backward; the loss."""
-    base = model.get_base_model()
+NO_ENGINE = SimpleNamespace(parallelism_config=None, unwrap_model=lambda model: model)  # what forward_loss reads
+
+
+def one_step(model, input_ids: torch.Tensor, sequence=ONE) -> float:
+    """``finetune``'s forward and loss of one micro-batch (``train.loop.forward_loss``: the head's loss in chunks,
+    this rank's shard of the row under sequence parallelism), then the backward; the loss."""
     positions = torch.arange(input_ids.shape[1])[None]
-    hidden = base.model(input_ids=input_ids, position_ids=positions, attention_mask=torch.ones_like(input_ids))
-    loss = chunked_causal_lm_loss(hidden.last_hidden_state, base.lm_head.weight, input_ids)
+    loss = forward_loss(NO_ENGINE, model, input_ids, positions, None, sequence)
     loss.backward()
     return float(loss.detach())
 
@@ -124,19 +131,21 @@ class ResidentSampler:
         self.peak = max(self.peak, resident_bytes())
 
 
-def measure(settings: argparse.Namespace, rank: int = 0, world: int = 1) -> dict:
-    """One process's record of one step (``rank`` of ``world``: for sequence parallelism later)."""
+def measure(settings: argparse.Namespace, sequence=ONE) -> dict:
+    """One process's record of one step (this rank's shard of the row under ``sequence``, the whole row alone)."""
     model, params = build_model(
         settings.model_shape, settings.layers, settings.rope_type, settings.length, settings.pretrain
     )
+    enable(model, sequence)
     vocab = model.get_base_model().config.vocab_size
     input_ids = torch.randint(0, vocab, (1, settings.length), generator=torch.Generator().manual_seed(1))
     gc.collect()
     before = resident_bytes()
     start = time.perf_counter()
     with ResidentSampler() as resident, LivePeak(explain=settings.explain) as live:
-        loss = one_step(model, input_ids)
+        loss = one_step(model, input_ids, sequence)
     seconds = time.perf_counter() - start
+    rank = sequence.rank
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {
         "rank": rank,
@@ -165,26 +174,73 @@ def git_state() -> dict:
     return {"commit": git("rev-parse", "HEAD"), "clean": git("status", "--porcelain") == ""}
 
 
+def largest(record: dict) -> dict:
+    """The process record holding the most live memory (the one a device must fit)."""
+    return max(record["per_process"], key=lambda r: r["live_peak_bytes"])
+
+
 def table(records: list[dict]) -> str:
-    """A markdown table of records: live and resident peaks, the live peak's ratio to yarn's (the yarn record of the
-    same length and layers, from the same commit where there is one)."""
-    yarn = {}
+    """A markdown table of records: live and resident peaks of the largest process, the live peak's ratio to yarn's
+    (the yarn record of the same length, layers and processes, from the same commit where there is one) and to one
+    process's (the same type, length and layers)."""
+    key = lambda r: (r["length"], r["layers"], r.get("processes", 1))  # noqa: E731
+    yarn, alone = {}, {}
     for r in sorted(records, key=lambda r: r["commit"]):
         if r["rope_type"] == "yarn":
-            yarn.setdefault((r["length"], r["layers"]), {})[r["commit"]] = r["per_process"][0]["live_peak_bytes"]
+            yarn.setdefault(key(r), {})[r["commit"]] = largest(r)["live_peak_bytes"]
+        if r.get("processes", 1) == 1:
+            alone.setdefault((r["rope_type"], r["length"], r["layers"]), {})[r["commit"]] = largest(r)[
+                "live_peak_bytes"
+            ]
     lines = [
-        "| commit | layers | length | rope type | live peak GiB | ratio to yarn | resident step peak GiB | step s |",
-        "|---|---:|---:|---|---:|---:|---:|---:|",
+        "| commit | layers | length | processes | rope type | live peak GiB | ratio to yarn | ratio to 1 process "
+        "| resident step peak GiB | step s |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
-    for r in sorted(records, key=lambda r: (r["length"], r["layers"], r["commit"], r["rope_type"] != "yarn")):
-        one, ours = r["per_process"][0], yarn.get((r["length"], r["layers"]), {})
-        base = ours.get(r["commit"], next(iter(ours.values()), None))
-        ratio = f"{one['live_peak_bytes'] / base:.2f}" if base else "-"
+    for r in sorted(records, key=lambda r: (*key(r), r["commit"], r["rope_type"] != "yarn", r["rope_type"])):
+        one = largest(r)
+        cells = [
+            ratio(one["live_peak_bytes"], yarn.get(key(r), {}), r["commit"]),
+            ratio(one["live_peak_bytes"], alone.get((r["rope_type"], r["length"], r["layers"]), {}), r["commit"]),
+        ]
         lines.append(
-            f"| {r['commit'][:7]}{'' if r['clean'] else '+'} | {r['layers']} | {r['length']} | `{r['rope_type']}` | "
-            f"{one['live_peak_gib']:.3f} | {ratio} | {one['resident_step_peak_gib']:.3f} | {one['step_seconds']:.0f} |"
+            f"| {r['commit'][:7]}{'' if r['clean'] else '+'} | {r['layers']} | {r['length']} | {r.get('processes', 1)} "
+            f"| `{r['rope_type']}` | {one['live_peak_gib']:.3f} | {cells[0]} | {cells[1]} "
+            f"| {one['resident_step_peak_gib']:.3f} | {one['step_seconds']:.0f} |"
         )
     return "\n".join(lines)
+
+
+def ratio(value: int, references: dict, commit: str) -> str:
+    """value over the reference of ``commit`` (else any one), or '-' where there is none."""
+    base = references.get(commit, next(iter(references.values()), None))
+    return f"{value / base:.2f}" if base else "-"
+
+
+def relaunch(processes: int) -> int:
+    """This command again as ``processes`` gloo processes on this machine (torchrun), each measuring its shard."""
+    import socket
+
+    with socket.socket() as probe:  # a free port for the processes' rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
+    return subprocess.run([*command, "--master_port", str(port), __file__, *sys.argv[1:], "--worker"]).returncode
+
+
+def measure_processes(settings: argparse.Namespace) -> list[dict] | None:
+    """Every process's record (rank 0 gathers them; the other ranks get None); one process alone: its own."""
+    if not settings.worker:
+        return [measure(settings)]
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    record = measure(settings, make_group(world, world, rank))
+    records = [None] * world
+    dist.all_gather_object(records, record)
+    dist.destroy_process_group()
+    return records if rank == 0 else None
 
 
 def main() -> None:
@@ -196,14 +252,20 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--pretrain", type=int, default=None, help="another pretraining length L0 than the shape's")
     parser.add_argument("--explain", action="store_true", help="bytes live at the peak per creating op")
-    parser.add_argument("--sequence-parallel", type=int, default=1, help="processes (only 1 so far)")
+    parser.add_argument(
+        "--sequence-parallel", type=int, default=1, help="N gloo processes, each row split over them (torchrun)"
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one of the N processes
     parser.add_argument("--json", type=Path, default=None, help="write the record here")
     settings = parser.parse_args()
     if settings.table:
         print(table([json.loads(path.read_text()) for path in settings.table]))
         return
-    if settings.sequence_parallel != 1:
-        parser.error(f"--sequence-parallel {settings.sequence_parallel}: only 1 process is measured so far")
+    if settings.sequence_parallel > 1 and not settings.worker:
+        sys.exit(relaunch(settings.sequence_parallel))
+    per_process = measure_processes(settings)
+    if per_process is None:  # a worker other than rank 0
+        return
     record = {
         "benchmark": "bench_lora_memory",
         **git_state(),
@@ -216,9 +278,9 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "load_average": os.getloadavg(),
-        "per_process": [measure(settings)],
+        "per_process": per_process,
     }
-    one = record["per_process"][0]
+    one = max(per_process, key=lambda r: r["live_peak_bytes"])  # the process that holds the most
     print(
         f"{settings.model_shape} x{record['layers']} {settings.rope_type} {settings.length}: live peak "
         f"{one['live_peak_gib']:.3f} GiB (weights {one['baseline_bytes'] / GIB:.3f} GiB), resident step peak "
