@@ -25,13 +25,16 @@ IGNORE_INDEX = -100
 
 def chunk_loss_and_grads(hidden, weight, bias, labels):
     """(summed fp32 loss, d loss / d logits (n, vocab) fp32) of hidden (n, dim) under the head (vocab, dim) [+ bias],
-    labels (n,). The logits are formed as the model's head forms them (in the autocast dtype under autocast)."""
-    logits = F.linear(hidden, weight, bias).float()  # (n, vocab)
-    loss = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    grad = torch.softmax(logits, dim=-1)
+    labels (n,). The logits are formed as the model's head forms them (in the autocast dtype under autocast); at most
+    two (n, vocab) fp32 tensors are alive at once: the gradient is the log-softmax turned into the softmax in place."""
+    logp = torch.log_softmax(F.linear(hidden, weight, bias).float(), dim=-1)  # (n, vocab)
     valid = labels != IGNORE_INDEX
-    grad[valid, labels[valid]] -= 1.0
-    return loss, grad * valid[:, None]
+    rows, picked = valid.nonzero().squeeze(1), labels[valid]
+    loss = -logp[rows, picked].sum()
+    grad = logp.exp_()  # the softmax
+    grad[rows, picked] -= 1.0
+    grad[~valid] = 0.0  # tokens not scored
+    return loss, grad
 
 
 class FusedHeadLoss(torch.autograd.Function):
