@@ -121,3 +121,14 @@ def test_a_family_that_changes_its_heads_values_keeps_the_full_logits():
     with torch.no_grad():
         expected = F.cross_entropy(model(input_ids=ids).logits.flatten(0, 1), labels.flatten(), reduction="sum")
         assert float(summed_loss(model, model, labels, input_ids=ids)) == pytest.approx(float(expected), rel=1e-6)
+
+
+@pytest.mark.parametrize("tokens, dim, vocab", [(16384, 1024, 32000), (8192, 576, 49152), (80, 32, 384), (1, 8, 30)])
+def test_a_chunks_logits_are_about_the_hidden_states_size(tokens, dim, vocab):
+    """A power of two of tokens whose logits are at least the hidden states' size and below twice it (at most the
+    cap): the loss's memory follows the tokens a process holds, as the activations do."""
+    from hf_rope_ext.train.head_loss import CHUNK, chunk_tokens
+
+    chunk = chunk_tokens(tokens, dim, vocab)
+    assert chunk & (chunk - 1) == 0 and chunk <= CHUNK
+    assert chunk == CHUNK or chunk * vocab >= tokens * dim > chunk * vocab / 2 or chunk == 1

@@ -14,12 +14,14 @@ empty during backward pass") and may release it before a later forward hook runs
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from ..models.output_head import logits_are_head_output
 
-CHUNK = 4096  # tokens scored at once: CHUNK x vocab fp32 logits at a time
+CHUNK = 4096  # the most tokens scored at once: CHUNK x vocab fp32 logits at a time
 IGNORE_INDEX = -100
 
 
@@ -76,11 +78,19 @@ def accumulate(grads: list, piece: slice, grad_logits, hidden, weight) -> None:
         grads[2] += grad_logits.sum(0)
 
 
+def chunk_tokens(tokens: int, dim: int, vocab: int) -> int:
+    """Tokens per chunk: a chunk's logits about as large as the hidden states (tokens x dim), as liger-kernel sizes
+    its chunks, so the loss's memory shrinks with the tokens a process holds; a power of two, at most ``CHUNK``."""
+    return min(CHUNK, 1 << max(0, math.ceil(tokens * dim / vocab) - 1).bit_length())
+
+
 def fused_head_loss(hidden, weight, bias, labels, chunk: int | None = None) -> torch.Tensor:
     """Summed next-token loss of hidden (batch, seq, dim) whose position i is scored against labels (batch, seq)[i]
     (already shifted; -100: not scored), under the head ``weight`` (vocab, dim) and ``bias``; ``chunk`` tokens at a
-    time (default ``CHUNK``)."""
-    chunk = CHUNK if chunk is None else chunk
+    time (default ``chunk_tokens``)."""
+    chunk = (
+        chunk_tokens(hidden.shape[0] * hidden.shape[1], hidden.shape[-1], weight.shape[0]) if chunk is None else chunk
+    )
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be an integer >= 1")
     return FusedHeadLoss.apply(hidden.flatten(0, 1), weight, bias, labels.flatten(), chunk)
