@@ -181,31 +181,29 @@ def largest(record: dict) -> dict:
 
 def table(records: list[dict]) -> str:
     """A markdown table of records: live and resident peaks of the largest process, the live peak's ratio to yarn's
-    (the yarn record of the same length, layers and processes, from the same commit where there is one) and to one
-    process's (the same type, length and layers)."""
-    key = lambda r: (r["length"], r["layers"], r.get("processes", 1))  # noqa: E731
+    (the yarn record of the same shape, length, layers and processes, from the same commit where there is one) and to
+    one process's (the same shape, type, length and layers)."""
+    where = lambda r: (r["model_shape"], r["length"], r["layers"])  # noqa: E731
     yarn, alone = {}, {}
     for r in sorted(records, key=lambda r: r["commit"]):
+        peak = largest(r)["live_peak_bytes"]
         if r["rope_type"] == "yarn":
-            yarn.setdefault(key(r), {})[r["commit"]] = largest(r)["live_peak_bytes"]
+            yarn.setdefault((*where(r), r.get("processes", 1)), {})[r["commit"]] = peak
         if r.get("processes", 1) == 1:
-            alone.setdefault((r["rope_type"], r["length"], r["layers"]), {})[r["commit"]] = largest(r)[
-                "live_peak_bytes"
-            ]
+            alone.setdefault((*where(r), r["rope_type"]), {})[r["commit"]] = peak
     lines = [
-        "| commit | layers | length | processes | rope type | live peak GiB | ratio to yarn | ratio to 1 process "
-        "| resident step peak GiB | step s |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| commit | shape | layers | length | processes | rope type | live peak GiB | ratio to yarn "
+        "| ratio to 1 process | resident step peak GiB | step s |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
-    for r in sorted(records, key=lambda r: (*key(r), r["commit"], r["rope_type"] != "yarn", r["rope_type"])):
-        one = largest(r)
-        cells = [
-            ratio(one["live_peak_bytes"], yarn.get(key(r), {}), r["commit"]),
-            ratio(one["live_peak_bytes"], alone.get((r["rope_type"], r["length"], r["layers"]), {}), r["commit"]),
-        ]
+    order = lambda r: (*where(r), r.get("processes", 1), r["commit"], r["rope_type"] != "yarn", r["rope_type"])  # noqa: E731
+    for r in sorted(records, key=order):
+        one, processes = largest(r), r.get("processes", 1)
+        to_yarn = ratio(one["live_peak_bytes"], yarn.get((*where(r), processes), {}), r["commit"])
+        to_one = ratio(one["live_peak_bytes"], alone.get((*where(r), r["rope_type"]), {}), r["commit"])
         lines.append(
-            f"| {r['commit'][:7]}{'' if r['clean'] else '+'} | {r['layers']} | {r['length']} | {r.get('processes', 1)} "
-            f"| `{r['rope_type']}` | {one['live_peak_gib']:.3f} | {cells[0]} | {cells[1]} "
+            f"| {r['commit'][:7]}{'' if r['clean'] else '+'} | {r['model_shape']} | {r['layers']} | {r['length']} "
+            f"| {processes} | `{r['rope_type']}` | {one['live_peak_gib']:.3f} | {to_yarn} | {to_one} "
             f"| {one['resident_step_peak_gib']:.3f} | {one['step_seconds']:.0f} |"
         )
     return "\n".join(lines)
