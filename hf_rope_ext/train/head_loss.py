@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from ..models.output_head import logits_are_head_output
+from .context_parallel import IGNORE_INDEX
 
 CHUNK = 4096  # the most tokens scored at once: CHUNK x vocab fp32 logits at a time
-IGNORE_INDEX = -100
 
 
 def chunk_loss_and_grads(hidden, weight, bias, labels):

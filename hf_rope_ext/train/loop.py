@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..util.progress import bar as progress_bar
 from .batches import data_parallel, micro_batches, stage_loaders
 from .checkpoints import keep_trainable_only, load_checkpoint, save_checkpoint
-from .context_parallel import shifted_labels
+from .context_parallel import IGNORE_INDEX, shifted_labels
 from .csv_log import CsvLog
 from .head_loss import summed_loss
 from .interrupt import Interrupted, StopRequest
@@ -90,7 +90,7 @@ def forward_loss(
     if cp:  # context parallelism shards every buffer along the sequence (see context_parallel.py)
         with accelerator.maybe_context_parallel(buffers=[input_ids, positions, labels], buffer_seq_dims=[1, 1, 1]):
             logits = model(input_ids=input_ids, position_ids=positions).logits
-            return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+            return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
     input_ids, positions, labels = (sequence.shard(t) for t in (input_ids, positions, labels))
     inputs = dict(input_ids=input_ids, position_ids=positions, attention_mask=torch.ones_like(input_ids))
     total = summed_loss(model, accelerator.unwrap_model(model), labels, **inputs)
