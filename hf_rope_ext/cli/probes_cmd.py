@@ -32,6 +32,20 @@ def add_arguments(parser) -> None:
         help=f"with --probes: prompts per probe and length (default {DEFAULT_SAMPLES}; a multikey prompt asks 3 keys)",
     )
     parser.add_argument(
+        "--seeds-of-length",
+        type=positive_int,
+        default=None,
+        metavar="TOKENS",
+        help="with --split test: each prompt's keys, objects, wordings and depths drawn from the prompt of the same "
+        "index at this length (less filler), so runs at two lengths pair prompt by prompt",
+    )
+    parser.add_argument(
+        "--chat-template",
+        action="store_true",
+        help="with --split test: each prompt as the user turn of the model's chat template, each answer stem "
+        "opening the assistant turn (the template's tokens count towards the length)",
+    )
+    parser.add_argument(
         "--log",
         type=Path,
         default=None,
@@ -50,13 +64,19 @@ def check(args) -> None:
         raise ValueError("--needle with --probes: the needle heatmap is one of the default measures; drop one")
     for kind in args.probes:
         splits.check(args.split or "dev", kind)
+    for flag in ("seeds_of_length", "chat_template"):
+        if getattr(args, flag) not in (None, False) and args.split != "test":
+            raise ValueError(
+                f"--{flag.replace('_', '-')} with --split {args.split or 'dev'}: a variant of the test split"
+            )
 
 
 def check_unused(args) -> None:
-    """--split, --samples and --log without --probes are refused (they would change nothing)."""
-    for flag in ("split", "samples", "log"):
-        if getattr(args, flag) is not None:
-            raise ValueError(f"--{flag} without --probes: it only applies to the pass-key probes")
+    """--split, --samples, --log and the test split's variants without --probes are refused (they would change
+    nothing)."""
+    for flag in ("split", "samples", "log", "seeds_of_length", "chat_template"):
+        if getattr(args, flag) not in (None, False):
+            raise ValueError(f"--{flag.replace('_', '-')} without --probes: it only applies to the pass-key probes")
 
 
 def run(args, path, adapter, lengths: list[int], requested) -> int:
@@ -74,15 +94,20 @@ def run(args, path, adapter, lengths: list[int], requested) -> int:
     model = model.merge_and_unload() if adapter is not None else model  # the probes read a plain model's cache
     tokenizer = loading.load_tokenizer(adapters.tokenizer_folder(path, adapter))
     meta = metadata.run_metadata(path, args._command, adapter)
+    meta["provenance"] = metadata.provenance(
+        args.dtype, next(model.parameters()).device, [args.log] if args.log else []
+    )
     params = rope_parameters_of(model)  # as the model reads them: an adapter's own, or the model's as saved
     cell = {k: meta[k] for k in ("model_sha256", "adapter_sha256")} | {"rope_parameters": params, "dtype": args.dtype}
     name = adapters.adapter_label(adapter) if adapter is not None else report_label(params)
-    log = None if args.log is None else probes.ProbeLog(args.log, cell)
+    log = None if args.log is None else probes.ProbeLog(args.log, cell, meta["provenance"])
     records, split, samples = [], args.split or "dev", args.samples or DEFAULT_SAMPLES
+    variant = {"seeds_of": args.seeds_of_length, "chat": args.chat_template} if split == "test" else {}
     for kind in args.probes:
         for n in lengths:
-            found = probes.run_probes(model, tokenizer, split, kind, n, samples, log, not args.no_progress)
-            records.append({"rope_type": name, "factor": args.factor, **found, **cell})
+            found = probes.run_probes(model, tokenizer, split, kind, n, samples, log, not args.no_progress, **variant)
+            records.append({"rope_type": name, "factor": args.factor, **found, **cell, **variant})
+            records[-1]["provenance"] = meta["provenance"]
     print(probe_table(records))
     meta |= {"adapter_training_command": adapters.training_command(adapter)} if adapter is not None else {}
     writers = {

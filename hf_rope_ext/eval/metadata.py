@@ -1,11 +1,14 @@
 """What a report records about its run, so that any figure can be traced back to what produced it: the versions of
 the package, transformers, torch, peft and Python, the command as typed, the model (its path and a hash of its
-config and weights), the adapter, the evaluation data and the date (UTC)."""
+config and weights), the adapter, the evaluation data, the date (UTC) and the run's ``provenance``: the package's
+git commit and whether its tracked files were as committed ("unknown" outside a checkout, e.g. an installed wheel),
+the dtype, the device and torch's thread count."""
 
 from __future__ import annotations
 
 import hashlib
 import platform
+import subprocess
 import time
 from importlib import metadata as distributions
 from pathlib import Path
@@ -14,7 +17,7 @@ HASHED_SUFFIXES = (".safetensors", ".bin", ".gguf")  # and config.json: what dec
 PACKAGES = ("hf-rope-ext", "transformers", "torch", "peft", "accelerate")
 
 
-def run_metadata(model, command: str, adapter=None, data=None) -> dict:
+def run_metadata(model, command: str, adapter=None, data=None, dtype=None, device=None) -> dict:
     return {
         "command": command,
         "model": str(model),
@@ -24,7 +27,35 @@ def run_metadata(model, command: str, adapter=None, data=None) -> dict:
         "data": "the bundled evaluation split" if data is None else [str(d) for d in data],
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": {**{name: version(name) for name in PACKAGES}, "python": platform.python_version()},
+        "provenance": provenance(dtype, device),
     }
+
+
+def provenance(dtype=None, device=None, exclude=()) -> dict:
+    """What a figure needs beside the versions: ``commit`` and ``clean`` (the checkout's tracked files, but the
+    paths of ``exclude``, as committed), ``dtype``, ``device`` and ``threads`` (torch's intra-op threads)."""
+    import torch
+
+    commit, clean = checkout_state(exclude)
+    dtype = None if dtype is None else str(dtype).removeprefix("torch.")
+    return {"commit": commit, "clean": clean, "dtype": dtype, "device": None if device is None else str(device),
+            "threads": torch.get_num_threads()}  # fmt: skip
+
+
+def checkout_state(exclude=()) -> tuple[str, bool | str]:
+    """(commit, clean) of the git checkout the package runs from, or ("unknown", "unknown") where it does not run
+    from one (an installed wheel) or git cannot tell. ``exclude``: paths whose changes do not count (a log the run
+    appends to)."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return "unknown", "unknown"
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, timeout=60)  # noqa: E731
+    head = git("rev-parse", "HEAD")
+    skip = [f":(exclude){Path(p).resolve()}" for p in exclude]
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", *skip)
+    if head.returncode or status.returncode:
+        return "unknown", "unknown"
+    return head.stdout.strip(), status.stdout.strip() == ""
 
 
 def version(name: str) -> str | None:

@@ -7,7 +7,8 @@ tokens, so that each shares as much of the previous one as can be kept in the ca
 
 A run can be stopped and resumed: with a ``ProbeLog`` every prompt's probes are appended to a JSON-lines file as
 soon as they are answered, under the identity of what was measured (``cell``: the model, adapter, rope parameters
-and dtype); a later run with the same cell reads them back and asks only the prompts not there yet.
+and dtype) and with the run's provenance (``metadata.provenance``: commit, clean tree, dtype, device, threads); a
+later run with the same cell reads them back and asks only the prompts not there yet.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ def is_hit(key: int, answer: str) -> bool:
 
 class ProbeLog:
     """A JSON-lines file of answered prompts: one line {"cell", "prompt_id", "prompt_sha", "probes": [[depth, key,
-    answer, hit]]} per prompt, appended and flushed to disk as each prompt ends. A line counts for a run only where
-    its cell and its prompt's tokens (``prompt_sha``) are the run's; other lines are kept and left alone."""
+    answer, hit]], "provenance"} per prompt, appended and flushed to disk as each prompt ends. A line counts for a run
+    only where its cell and its prompt's tokens (``prompt_sha``) are the run's; other lines are kept and left alone."""
 
-    def __init__(self, path, cell: dict):
+    def __init__(self, path, cell: dict, provenance: dict | None = None):
         self.path, self.cell = Path(path), json.loads(json.dumps(cell))  # the cell as it reads back from JSON
+        self.provenance = provenance
 
     def done(self) -> dict[tuple[str, str], list]:
         """(prompt_id, prompt_sha) -> probes, for this cell's lines."""
@@ -57,6 +59,7 @@ class ProbeLog:
     def append(self, prompt: Prompt, probes: list) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = {"cell": self.cell, "prompt_id": prompt.prompt_id, "prompt_sha": prompt_sha(prompt), "probes": probes}
+        line |= {} if self.provenance is None else {"provenance": self.provenance}
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(line) + "\n")
             handle.flush()
@@ -69,10 +72,12 @@ def prompt_sha(prompt: Prompt) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def run_probes(model, tokenizer, split: str, kind: str, length: int, samples: int, log=None, progress=True) -> dict:
+def run_probes(
+    model, tokenizer, split: str, kind: str, length: int, samples: int, log=None, progress=True, **variant
+) -> dict:
     """The record of ``samples`` prompts of ``kind`` of ``split`` at ``length`` tokens (``aggregate``), asking only
-    the prompts ``log`` does not hold yet."""
-    chosen = prompts(tokenizer, split, kind, length, samples)
+    the prompts ``log`` does not hold yet; ``variant``: ``seeds_of`` and ``chat`` of ``splits.prompts``."""
+    chosen = prompts(tokenizer, split, kind, length, samples, **variant)
     ident = {p.prompt_id: (p.prompt_id, prompt_sha(p)) for p in chosen}
     found = log.done() if log is not None else {}
     todo = sorted(

@@ -13,6 +13,14 @@ needles name different objects so that only what each names tells them apart.
   fewer: ``Prompt.ids`` says how many). Prompt p of the test split depends on (length, kind, p) alone, not on how
   many prompts are asked, so a run can be extended or resumed.
 
+Two variants of the test split serve as controls of a long-context figure:
+
+- **paired** (``seeds_of``): a prompt at a shorter length drawn from the seed of the prompt with the same index at
+  ``seeds_of`` tokens: the same keys, objects, wordings and depth fractions, less filler, so a 1x and a 4x run pair
+  prompt by prompt (``test/k1/8192/3/of32768`` is ``test/k1/32768/3`` told in 8192 tokens).
+- **chat** (``chat``): the prompt as the user turn of the model's own chat template and each question's answer stem
+  opening the assistant turn (``eval.chat_form``); the template's tokens count towards ``length``.
+
 Neither split shares a sentence with the retrieval rows the package trains on (``train.retrieval``; tested).
 """
 
@@ -21,6 +29,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from . import chat_form
 from .multikey import OBJECTS, QUESTION, depths, prompt_ids
 from .passkey import passkeys
 
@@ -83,11 +92,17 @@ def check(split: str, kind: str) -> None:
         raise ValueError(f"--probes {kind!r}: allowed {', '.join(KINDS)}")
 
 
-def prompts(tokenizer, split: str, kind: str, length: int, count: int) -> list[Prompt]:
-    """The first ``count`` prompts of ``kind`` ("classic" or "multikey") of ``split`` at ``length`` tokens."""
+def prompts(
+    tokenizer, split: str, kind: str, length: int, count: int, seeds_of: int | None = None, chat: bool = False
+) -> list[Prompt]:
+    """The first ``count`` prompts of ``kind`` ("classic" or "multikey") of ``split`` at ``length`` tokens; on the
+    test split, drawn from the seeds of the prompts at ``seeds_of`` tokens and/or in the model's ``chat`` template."""
     check(split, kind)
-    make = dev_prompt if split == "dev" else test_prompt
-    return [make(tokenizer, KINDS[kind], length, p, count) for p in range(count)]
+    if split == "dev" and (seeds_of is not None or chat):
+        raise ValueError("paired prompts (seeds_of) and the chat template are variants of the test split only")
+    if split == "dev":
+        return [dev_prompt(tokenizer, KINDS[kind], length, p, count) for p in range(count)]
+    return [test_prompt(tokenizer, KINDS[kind], length, p, count, seeds_of, chat) for p in range(count)]
 
 
 def dev_prompt(tokenizer, k: int, length: int, p: int, count: int) -> Prompt:
@@ -108,15 +123,19 @@ def interleave(task: list[int], filler: list[int], cuts: list[int], needles: lis
     return ids + filler[last:]
 
 
-def test_prompt(tokenizer, k: int, length: int, p: int, count: int = 0) -> Prompt:
+def test_prompt(
+    tokenizer, k: int, length: int, p: int, count: int = 0, seeds_of: int | None = None, chat: bool = False
+) -> Prompt:
     """Prompt ``p`` with ``k`` keys of the test split (``count`` is not used: a prompt does not depend on how many are
-    asked)."""
-    rng = random.Random(f"{TEST_SEED}/k{k}/{length}/{p}")
+    asked); its keys, objects, wordings and depth fractions drawn from the seed of prompt ``p`` at ``seeds_of``
+    tokens (default ``length``), the whole in the model's chat template where ``chat``."""
+    rng = random.Random(f"{TEST_SEED}/k{k}/{seeds_of or length}/{p}")
     keys = [rng.randint(10 ** (n - 1), 10**n - 1) for n in (rng.randint(*TEST_DIGITS) for _ in range(k))]
     names = rng.sample(TEST_OBJECTS, k)
     wordings = [rng.choice(TEST_WORDINGS) for _ in range(k)]
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    task = ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + encode(TEST_TASK)
+    opening = chat_form.user_turn(tokenizer)[0] if chat else [tokenizer.bos_token_id]
+    task = [t for t in opening if t is not None] + encode(TEST_TASK)
     planted = [encode(w[0].format(name=n, key=key)) for w, n, key in zip(wordings, names, keys, strict=True)]
     filler, bounds = whole_sentences([encode(s) for s in TEST_FILLER], length - len(task) - sum(map(len, planted)))
     if len(bounds) < k + 1:
@@ -124,8 +143,16 @@ def test_prompt(tokenizer, k: int, length: int, p: int, count: int = 0) -> Promp
     where = [(i + rng.uniform(0.02, 0.98)) / k for i in range(k)]  # needle i inside the i-th k-th of the filler
     cuts = [min(bounds, key=lambda b, d=d: abs(b - d * len(filler))) for d in where]
     depths = [cut / len(filler) for cut in cuts]
-    asked = [Needle(d, key, w[1].format(name=n)) for d, key, w, n in zip(depths, keys, wordings, names, strict=True)]
-    return Prompt(f"test/k{k}/{length}/{p}", interleave(task, filler, cuts, planted), tuple(asked))
+    questions = [w[1].format(name=n) for w, n in zip(wordings, names, strict=True)]
+    questions = [chat_form.question(tokenizer, q) for q in questions] if chat else questions
+    asked = [Needle(d, key, q) for d, key, q in zip(depths, keys, questions, strict=True)]
+    return Prompt(test_id(k, length, p, seeds_of, chat), interleave(task, filler, cuts, planted), tuple(asked))
+
+
+def test_id(k: int, length: int, p: int, seeds_of: int | None = None, chat: bool = False) -> str:
+    """A test prompt's id: ``test/k1/8192/3``, ``.../of32768`` where drawn from another length's seed, ``/chat``."""
+    paired = f"/of{seeds_of}" if seeds_of not in (None, length) else ""
+    return f"test/k{k}/{length}/{p}{paired}" + ("/chat" if chat else "")
 
 
 def whole_sentences(sentences: list[list[int]], room: int) -> tuple[list[int], list[int]]:
