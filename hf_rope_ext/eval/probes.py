@@ -26,6 +26,7 @@ from .passkey import by_depth
 from .splits import Prompt, prompts
 
 FIRST_NUMBER = re.compile(r"\s*(\d+)")
+NUMBERS = re.compile(r"\d+")
 
 
 def answer_tokens(key: int) -> int:
@@ -38,6 +39,12 @@ def is_hit(key: int, answer: str) -> bool:
     """Whether ``answer`` starts (after spaces) with exactly the digits of ``key``."""
     match = FIRST_NUMBER.match(answer)
     return match is not None and match.group(1) == str(key)
+
+
+def names_key(key: int, answer: str) -> bool:
+    """The looser reading shown beside ``is_hit`` where they differ: some run of digits in ``answer`` is exactly
+    ``key`` (": 2619", "the number 2619")."""
+    return str(key) in NUMBERS.findall(answer)
 
 
 class ProbeLog:
