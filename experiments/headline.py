@@ -8,13 +8,16 @@ test split.
 1. The choice: among the 4x cells of ``docs/results/real-model/results.json`` (every earlier figure, all on the dev
    probe), those with both dev probes at 32768 tokens (the classic one key per prompt, and three keys per prompt),
    the one with the most hits over both, training-free and with an adapter apart.
-2. The test cells are run by ``hf-rope-ext eval --probes ... --split test --log ...`` (``TEST_CELLS`` has each
-   command) and read back from their logs, however far they got: every logged prompt is checked against the test
-   split's prompt of the same id (its tokens' hash) before its probes count.
+2. The test cells and their controls (the same keys at 8192 and 4096 tokens, the chat template) are run by
+   ``hf-rope-ext eval --probes ... --split test --log ...`` (each record names its command) and read back from their
+   logs by ``headline_controls.py``, however far they got: every logged prompt is checked against the split's prompt
+   of the same id (its tokens' hash) before its probes count. The dev cells of the two chosen configurations are
+   re-run and scored by the same rule (``dev-probes-<cell>.jsonl``); the choice stands whatever they show.
 3. Written: ``results.json`` gains ``split``, ``multikey_hits`` and ``multikey_interval`` on every dev record that
-   lacks them, and the test records under ``test:<cell>:<probe>``; ``headline.md`` (the table) and ``headline.png``
-   (the chart), each score as hits/n with its Wilson 95% interval. A target counts as met only where the interval's
-   lower bound clears it.
+   lacks them, the test records under ``test:<cell>:<probe>``, the controls under ``control:<cell>:<probe>`` and the
+   dev re-runs under ``dev-rerun:<cell>:<probe>``; ``headline.md`` (the table), ``headline.png`` (the chart) and
+   ``controls.md`` (per wording, chat template, paired tests). A target counts as met only where the interval's lower
+   bound clears it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from hf_rope_ext.eval.intervals import score, shown, verdict
 from hf_rope_ext.eval.metadata import folder_hash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import headline_controls as controls  # noqa: E402
 import results_at_a_glance as glance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,42 +93,75 @@ def annotate_dev(done: dict) -> None:
                 r |= {"adapter_sha256": folder_hash(folder), "adapter_training_command": training_command(folder)}
 
 
-def test_records(tokenizer, cell: str, log: Path) -> list[dict]:
-    """The test records of a cell's log: per probe, the logged prompts that are the test split's (same hash)."""
-    lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
-    records = []
-    for probe, n in SAMPLES.items():
-        chosen = {p.prompt_id: p for p in splits.prompts(tokenizer, "test", probe, LENGTH, n)}
-        found = [(chosen[x["prompt_id"]], x) for x in lines if x["prompt_id"] in chosen]
-        found = [(p, x) for p, x in found if x["prompt_sha"] == probes.prompt_sha(p)]
-        if found:
-            record = probes.aggregate(
-                "test", probe, LENGTH, [x["probes"] for _, x in found], [len(p.ids) for p, _ in found]
-            )
-            records.append(record | {"planned": n, "cell": found[0][1]["cell"], "command": command(cell, probe)})
-    return records
-
-
-def command(cell: str, probe: str) -> str:
-    return EVAL.format(model=MODEL, flags=TEST_CELLS[cell][2], probe=probe, n=SAMPLES[probe], cell=cell)
-
-
 def table(done: dict, chosen: dict) -> str:
-    """Markdown: per chosen configuration and probe, the dev and test scores and the target's verdict on test."""
-    lines = ["| configuration | probe | dev (chosen on it) | test (held out) | target | on test |"]
-    lines.append("|---|---|---|---|---:|---|")
+    """Markdown: per chosen configuration and probe, dev, test at 4x and the same keys at 1x (``headline_controls``),
+    the target's verdict on test (by the interval that fits the probe)."""
+    lines = [
+        "| configuration | probe | dev, 4x (chosen on it) | test, 4x (held out) | same keys at 1x, this configuration "
+        "| same keys at 1x, model as saved | retention | 4x vs as saved at 1x | target | on test |",
+        "|---|---|---|---|---|---|---:|---|---:|---|",
+    ]
+    columns = controls.headline_columns(controls.keys_of(done))
     for cell, (kind, dev_key, _) in TEST_CELLS.items():
         dev = dev_cells(done).get(dev_key, {})
         for probe in SAMPLES:
-            test = done.get(f"test:{cell}:{probe}", [None])[0]
-            dev_shown = shown(dev_of(dev[probe])) if probe in dev else "-"
-            test_shown = "-" if test is None else shown(test) + progress(test)
-            met = "-" if test is None else verdict(test, TARGETS[kind])
+            shown_dev = dev_shown(done.get(f"dev-rerun:{cell}:{probe}", [None])[0], dev.get(probe))
+            c = columns[CONFIGURATION[cell], probe]
+            met = verdict(c["record"], TARGETS[kind]) if c["record"]["n"] else "-"
             lines.append(
-                f"| {label(done, dev_key)} | {probe} | {dev_shown} | {test_shown} | {TARGETS[kind]:.0%} | {met} |"
+                f"| {label(done, dev_key)} | {probe} | {shown_dev} | {c['test']} | {c['1x']} | {c['saved']} "
+                f"| {c['retention']} | {c['mcnemar']} | {TARGETS[kind]:.0%} | {met} |"
             )
     chose = ", ".join(f"{kind}: `{name}`" for kind, name in chosen.items())
-    return "\n".join(lines) + f"\n\nChosen on dev (most hits over both probes at 32768 tokens): {chose}.\n"
+    return "\n".join(lines) + "\n\n" + NOTES.format(chose=chose) + "\n"
+
+
+NOTES = (
+    "Chosen on dev before the test run (most hits over both probes at 32768 tokens): {chose}; the choice stands "
+    "whatever a re-run of dev shows. Base weights: the Q4_1 GGUF dequantized; float32; plain-text prompts, no chat "
+    "template. One rule scores every count: the answer starts, after spaces, with exactly the key. Classic: 30 "
+    "prompts of one key, Wilson 95% intervals; multikey: 8 prompts of three keys, intervals by a cluster bootstrap "
+    'over prompts (percentile, 10,000 resamples, seed 20261129). "Same keys at 1x": the test prompts told in 8192 '
+    "tokens (the model's training length) with the same keys, objects, wordings and depths. Retention: 4x hits over "
+    "the model as saved's 1x hits, on the keys asked at both. The column after it: keys found only at 4x (+) and only "
+    "by the model as saved at 1x (-), with the exact McNemar p. Dev cells marked * were scored by the first rule (the "
+    "answer starts with the key, 6 tokens generated)."
+)
+CONFIGURATION = {"se": "self_extend", "se-lora": "self_extend + LoRA"}  # headline_controls' configuration names
+
+
+def dev_shown(rerun: dict | None, first: dict | None) -> str:
+    """The dev cell re-run under ``is_hit`` where logged, else the first record, marked *."""
+    if rerun is not None:
+        return shown(rerun) + progress(rerun)
+    return shown(dev_of(first)) + " *" if first is not None else "-"
+
+
+def dev_records(tokenizer, cell: str) -> dict:
+    """results.json's ``dev-rerun:<cell>:<probe>``: the dev cell re-run and scored by ``is_hit``, from
+    ``dev-probes-<cell>.jsonl``, where it has lines."""
+    log, out = RESULTS / f"dev-probes-{cell}.jsonl", {}
+    lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.is_file() else []
+    for probe, n in DEV_SAMPLES.items():
+        chosen = {p.prompt_id: p for p in splits.prompts(tokenizer, "dev", probe, LENGTH, n)}
+        found = [(chosen[x["prompt_id"]], x) for x in lines if x["prompt_id"] in chosen]
+        found = [(p, x) for p, x in found if x["prompt_sha"] == probes.prompt_sha(p)]
+        if found:
+            tokens = [len(p.ids) for p, _ in found]
+            record = probes.aggregate("dev", probe, LENGTH, [x["probes"] for _, x in found], tokens)
+            command = DEV_EVAL.format(model=MODEL, flags=TEST_CELLS[cell][2], probe=probe, n=n, cell=cell)
+            out[f"dev-rerun:{cell}:{probe}"] = [record | {"planned": n, "command": command, "run": run_at(found)}]
+    return out
+
+
+DEV_SAMPLES = {"classic": 10, "multikey": 4}  # the dev cells the choice was made on: 10 keys, 4 x 3 keys
+DEV_EVAL = EVAL.replace("--split test", "--split dev").replace("test-probes", "dev-probes")
+
+
+def run_at(found: list) -> str:
+    """The commits the logged lines ran at (``+dirty`` where the tree was not clean)."""
+    runs = {x["provenance"]["commit"][:7] + ("" if x["provenance"]["clean"] is True else "+dirty") for _, x in found}
+    return "; ".join(sorted(runs))
 
 
 def dev_of(record: dict) -> dict:
@@ -146,21 +183,23 @@ def label(done: dict, dev_key: str) -> str:
 
 
 def plot(done: dict, path: Path) -> None:
-    """Points with Wilson 95% error bars: per configuration and probe, dev and test side by side."""
+    """Points with 95% error bars (Wilson; multikey on test and at 1x: cluster bootstrap): per configuration and
+    probe, dev, test and the same keys at 1x side by side."""
     from hf_rope_ext.eval.plots import _pyplot
 
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.2))
+    fig, ax = plt.subplots(figsize=(9, 4.4))
     rows = [(cell, probe) for cell in TEST_CELLS for probe in SAMPLES]
-    for shift, split, colour in ((-0.12, "dev", "tab:grey"), (0.12, "test", "tab:blue")):
+    series = [(-0.24, "dev", "tab:grey"), (-0.08, "test", "tab:blue"), (0.08, "1x", "tab:green")]
+    for shift, split, colour in [*series, (0.24, "as saved 1x", "tab:orange")]:
         labelled = False
         for i, (cell, probe) in enumerate(rows):
             record = split_record(done, cell, probe, split)
             if record is not None:
                 lo, hi = record["interval"]
                 y = record["hits"] / record["n"]
-                ax.errorbar(i + shift, y, yerr=[[y - lo], [hi - y]], fmt="o", color=colour, capsize=5,
-                            label=None if labelled else split)  # fmt: skip
+                ax.errorbar(i + shift, y, yerr=[[y - lo], [hi - y]], fmt="o", color=colour, capsize=4,
+                            label=None if labelled else LEGEND[split])  # fmt: skip
                 labelled = True
                 ax.annotate(
                     f"{record['hits']}/{record['n']}",
@@ -174,19 +213,31 @@ def plot(done: dict, path: Path) -> None:
         ax.hlines(TARGETS[kind], xs[0] - 0.4, xs[-1] + 0.4, colors="tab:red", linestyles=":", label=f"target, {kind}")
     ax.set_xticks(range(len(rows)), [f"{SHORT[c]}\n{p}" for c, p in rows], fontsize=8)
     ax.set_ylim(-0.02, 1.05)
-    ax.set_ylabel("pass keys found at 32768 tokens")
-    ax.set_title("SmolLM2-135M at 4x: chosen on dev, measured on test (Wilson 95% intervals)")
+    ax.set_ylabel("pass keys found")
+    ax.set_title("SmolLM2-135M at 4x: chosen on dev, measured on test, the same keys at 1x (95% intervals)", fontsize=9)
     ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+LEGEND = {
+    "dev": "dev, 32768 (chosen on it)",
+    "test": "test, 32768 (held out)",
+    "1x": "same keys at 8192",
+    "as saved 1x": "same keys at 8192, model as saved",
+}
+
+
 def split_record(done: dict, cell: str, probe: str, split: str) -> dict | None:
-    if split == "test":
-        return done.get(f"test:{cell}:{probe}", [None])[0]
-    dev = dev_cells(done).get(TEST_CELLS[cell][1], {})
-    return dev_of(dev[probe]) if probe in dev else None
+    """The record a point of the chart shows (None where it has no keys yet)."""
+    if split == "dev":
+        rerun = done.get(f"dev-rerun:{cell}:{probe}", [None])[0]
+        dev = dev_cells(done).get(TEST_CELLS[cell][1], {})
+        return rerun if rerun is not None else dev_of(dev[probe]) if probe in dev else None
+    name = {"test": f"{cell}-32768", "1x": f"{cell}-8192", "as saved 1x": "as-saved-8192"}[split]
+    record = done.get(controls.record_key(name, probe), [None])[0]
+    return record if record is not None and record["n"] else None
 
 
 def main(argv=None) -> None:
@@ -203,10 +254,11 @@ def main(argv=None) -> None:
     if chosen != {kind: dev_key for kind, dev_key, _ in TEST_CELLS.values()}:
         raise SystemExit(f"the dev choice {chosen} is not what TEST_CELLS measures on test: run the chosen cells")
     tokenizer = loading.load_tokenizer(smollm2.ensure())
+    done |= controls.records(tokenizer)  # the test records at 4x and their controls
     for cell in TEST_CELLS:
-        for record in test_records(tokenizer, cell, RESULTS / f"test-probes-{cell}.jsonl"):
-            done[f"test:{cell}:{record['probe']}"] = [record]
+        done |= dev_records(tokenizer, cell)
     results.write_text(json.dumps(done, indent=1) + "\n")
+    controls.PAGE.write_text(controls.page(done))
     (RESULTS / "headline.md").write_text(table(done, chosen))
     plot(done, RESULTS / "headline.png")
     print(table(done, chosen))

@@ -9,10 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import save_eval_llama
-
-from hf_rope_ext.eval import probes, splits
-from hf_rope_ext.eval.loading import load_tokenizer
 
 
 @pytest.fixture
@@ -55,30 +51,10 @@ def test_every_dev_record_gains_its_split_count_and_interval(headline):
     assert done["baseline:4:float32"] == 2.4
 
 
-def test_a_test_log_counts_only_the_test_splits_own_prompts(headline, tmp_path, monkeypatch):
-    tokenizer = load_tokenizer(save_eval_llama(tmp_path / "tiny"))
-    monkeypatch.setattr(headline, "LENGTH", 640)
-    monkeypatch.setattr(headline, "SAMPLES", {"classic": 3, "multikey": 1})
-    chosen = splits.prompts(tokenizer, "test", "classic", 640, 3)
-    line = lambda p, sha, answer: {
-        "cell": {},
-        "prompt_id": p.prompt_id,
-        "prompt_sha": sha,
-        "probes": [[0.5, p.needles[0].key, answer, True]],
-    }  # noqa: E731,E501
-    log = tmp_path / "log.jsonl"
-    lines = [line(chosen[0], probes.prompt_sha(chosen[0]), f" {chosen[0].needles[0].key}")]
-    lines += [line(chosen[1], probes.prompt_sha(chosen[1]), " 1"), line(chosen[2], "another prompt", " 1")]
-    log.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    (record,) = headline.test_records(tokenizer, "se", log)
-    assert (record["probe"], record["split"], record["n"], record["hits"], record["planned"]) == (
-        "classic",
-        "test",
-        2,
-        1,
-        3,
-    )
-    assert "--split test" in record["command"] and "(2 of 3 prompts so far)" in headline.progress(record)
+def keyed(hits: int, n: int, per_prompt: int = 1) -> dict:
+    """A record of ``n`` keys, ``per_prompt`` a prompt, the first ``hits`` answered with their key."""
+    rows = [[i // per_prompt, i % per_prompt, 1000 + i, 0, f" {1000 + i if i < hits else 7}."] for i in range(n)]
+    return {"n": n, "hits": hits, "per_key": rows}
 
 
 def test_the_table_says_met_only_when_the_lower_bound_clears_the_target(headline):
@@ -88,16 +64,17 @@ def test_the_table_says_met_only_when_the_lower_bound_clears_the_target(headline
         "lora@smollm2-self-extend-retrieval-lora:4 float32": cell(1, 1),
     }
     done["lora@smollm2-self-extend-retrieval-lora:4:1key float32"] = cell(1, 1)
-    done["test:se:classic"] = [
-        {"split": "test", "probe": "classic", "planned": 30, "n": 30, "hits": 30, "interval": [0.8865, 1.0]}
-    ]
-    done["test:se:multikey"] = [
-        {"split": "test", "probe": "multikey", "planned": 8, "n": 24, "hits": 20, "interval": [0.6412, 0.9332]}
-    ]
+    done["test:se:classic"] = [keyed(30, 30)]
+    done["test:se:multikey"] = [keyed(20, 24, per_prompt=3)]
+    done["control:as-saved-8192:classic"] = [keyed(25, 30)]
     headline.annotate_dev(done)
     text = headline.table(done, {})
-    assert "| classic | 10/10 [0.72, 1.00] | 30/30 [0.89, 1.00] | 80% | met |" in text
-    assert "| multikey | 9/12 [0.47, 0.91] | 20/24 [0.64, 0.93] | 80% | not shown at this sample size |" in text
+    assert "| classic | 10/10 [0.72, 1.00] * | 30/30 [0.89, 1.00] | - | 25/30 [0.66, 0.93] |" in text
+    assert "| 1.20 (30/25) | +5/-0 of 30, p=0.062 | 80% | met |" in text
+    lo, hi = headline.controls.paired.cluster_bootstrap([(3, 3)] * 6 + [(2, 3), (0, 3)])
+    assert f"| multikey | 9/12 [0.47, 0.91] * | 20/24 [{lo:.2f}, {hi:.2f}] | - | - | - | - | 80% |" in text
+    done["dev-rerun:se:classic"] = [{"probe": "classic", "n": 10, "hits": 7, "interval": [0.4, 0.9], "planned": 10}]
+    assert "| classic | 7/10 [0.40, 0.90] | 30/30" in headline.table(done, {})
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/results/real-model.md"])
@@ -107,4 +84,4 @@ def test_the_pages_show_the_table_of_the_committed_records(headline, page):
     text = (headline.ROOT / page).read_text()
     shown = text.split("<!-- results:start -->\n")[1].split("\n<!-- results:end -->")[0]
     assert shown == headline.table(done, headline.choose(done)).strip()
-    assert "test (held out)" in shown and done["test:se:multikey"][0]["split"] == "test"
+    assert "test, 4x (held out)" in shown and done["test:se:multikey"][0]["split"] == "test"

@@ -130,7 +130,7 @@ def test_mcnemar_is_the_exact_binomial_test_of_the_discordant_keys(b, c, p):
 
 def test_provenance_names_the_commit_and_whether_the_tree_was_clean(tmp_path):
     found = metadata.provenance("float32", "cpu")
-    root = Path(metadata.__file__).resolve().parents[2]
+    root = Path(metadata.__file__).resolve().parent / ".." / ".."
     if (root / ".git").exists():
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
         assert found["commit"] == head.stdout.strip() and isinstance(found["clean"], bool)
@@ -142,6 +142,29 @@ def test_provenance_names_the_commit_and_whether_the_tree_was_clean(tmp_path):
 def test_a_tree_without_a_checkout_is_unknown(monkeypatch, tmp_path):
     monkeypatch.setattr(metadata, "__file__", str(tmp_path / "a" / "b" / "metadata.py"))
     assert metadata.checkout_state() == ("unknown", "unknown")
+    other = tmp_path / "project"  # a copy of the package inside another project's checkout
+    (other / "site" / "hf_rope_ext" / "eval").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(other)], check=True)
+    monkeypatch.setattr(metadata, "__file__", str(other / "site" / "hf_rope_ext" / "eval" / "metadata.py"))
+    assert metadata.checkout_state() == ("unknown", "unknown")
+
+
+def test_a_change_makes_the_tree_unclean_but_an_excluded_log_does_not(monkeypatch, tmp_path):
+    repo = tmp_path / "checkout"
+    (repo / "hf_rope_ext" / "eval").mkdir(parents=True)
+    files = [repo / "hf_rope_ext" / "eval" / "metadata.py", repo / "log.jsonl"]
+    for path in files:
+        path.write_text("x\n")
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True)  # noqa: E731
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    monkeypatch.setattr(metadata, "__file__", str(files[0]))
+    commit, clean = metadata.checkout_state()
+    assert len(commit) == 40 and clean is True
+    files[1].write_text("y\n")
+    assert metadata.checkout_state() == (commit, False)
+    assert metadata.checkout_state([files[1]]) == (commit, True)
 
 
 def test_every_probe_log_line_and_record_carries_its_provenance(probe_llama, tmp_path):

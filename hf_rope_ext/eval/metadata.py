@@ -42,22 +42,6 @@ def provenance(dtype=None, device=None, exclude=()) -> dict:
             "threads": torch.get_num_threads()}  # fmt: skip
 
 
-def checkout_state(exclude=()) -> tuple[str, bool | str]:
-    """(commit, clean) of the git checkout the package runs from, or ("unknown", "unknown") where it does not run
-    from one (an installed wheel) or git cannot tell. ``exclude``: paths whose changes do not count (a log the run
-    appends to)."""
-    root = Path(__file__).resolve().parents[2]
-    if not (root / ".git").exists():
-        return "unknown", "unknown"
-    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, timeout=60)  # noqa: E731
-    head = git("rev-parse", "HEAD")
-    skip = [f":(exclude){Path(p).resolve()}" for p in exclude]
-    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", *skip)
-    if head.returncode or status.returncode:
-        return "unknown", "unknown"
-    return head.stdout.strip(), status.stdout.strip() == ""
-
-
 def version(name: str) -> str | None:
     if name == "torch":  # the build too (+cpu, +cu128): PyPI's CUDA wheels leave it out of the distribution's version
         import torch
@@ -87,3 +71,23 @@ def folder_hash(folder) -> str | None:
             for block in iter(lambda: handle.read(8 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()
+
+
+def checkout_state(exclude=()) -> tuple[str, bool | str]:
+    """(commit, clean) of the git checkout the package runs from, or ("unknown", "unknown") where it does not run
+    from one (an installed wheel, also one inside another project's checkout) or git cannot tell. ``exclude``: paths
+    whose changes do not count (a log the run appends to)."""
+    here = Path(__file__).resolve()
+    git = lambda *a: subprocess.run(["git", "-C", str(here.parent), *a], capture_output=True, text=True, timeout=60)  # noqa: E731
+    try:
+        top = git("rev-parse", "--show-toplevel")
+    except (OSError, subprocess.SubprocessError):  # no git on the machine
+        return "unknown", "unknown"
+    if top.returncode or (Path(top.stdout.strip()) / "hf_rope_ext" / "eval" / here.name).resolve() != here:
+        return "unknown", "unknown"
+    head = git("rev-parse", "HEAD")
+    skip = [f":(exclude){Path(p).resolve()}" for p in exclude]
+    status = git("status", "--porcelain", "--untracked-files=no", "--", top.stdout.strip(), *skip)
+    if head.returncode or status.returncode:
+        return "unknown", "unknown"
+    return head.stdout.strip(), status.stdout.strip() == ""

@@ -1,0 +1,295 @@
+"""The controls of the 4x headline: the held-out test prompts told again in 8192 (1x) and 4096 tokens, by the model as
+saved, by the chosen configurations and through the model's chat template, each key paired with its 4x answer.
+
+    python experiments/headline_controls.py           # print the tables
+    python experiments/headline_controls.py --write   # and write records into results.json and controls.md
+
+A control prompt (``--seeds-of-length 32768``) has the 4x prompt's keys, objects, wordings and depth fractions with
+less filler, so each key is asked at 1x and at 4x. Every count is scored by one rule (``probes.is_hit``: the answer
+starts, after spaces, with exactly the key); "named" counts an answer holding the key anywhere (``probes.names_key``)
+and is shown beside it. Classic counts carry Wilson 95% intervals; multikey counts (three keys a prompt) a cluster
+bootstrap over prompts (``eval.paired.cluster_bootstrap``: percentile, 10,000 resamples, seed 20261129). Paired
+differences are exact McNemar tests over the keys both runs asked.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from hf_rope_ext.eval import paired, probes, splits
+from hf_rope_ext.eval.intervals import score, shown
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results" / "real-model"
+SAMPLES = {"classic": 30, "multikey": 8}
+LONG = 32768
+SE = "--rope-type self_extend --rope-param window=2048 --rope-param group_size=9"
+ADAPTER = "--adapter examples/smollm2-self-extend-retrieval-lora"
+EVAL = "hf-rope-ext eval --model <smollm2> {flags} --probes {probe} --split test --samples {n} --lengths {length} "
+EVAL += "--dtype float32 --log docs/results/real-model/{log}"
+# the 4x logs were written before lines carried their provenance
+UNRECORDED = "not recorded (a)"
+UNRECORDED_NOTE = (
+    "(a) Logged before log lines named their commit: the lines were committed between a8ae3c5 (2026-11-28 17:28 UTC) "
+    "and eeedf9f (21:53 UTC), while the attention engine changed (a8ae3c5, 09df2bb, 84951d4, ea85d9b).\n"
+)
+
+
+@dataclass(frozen=True)
+class Cell:
+    configuration: str  # "as saved", "self_extend", "self_extend + LoRA"
+    length: int
+    log: str  # under docs/results/real-model/
+    flags: str = ""
+    chat: bool = False
+
+    @property
+    def seeds_of(self) -> int | None:
+        return None if self.length == LONG else LONG
+
+    def command(self, probe: str) -> str:
+        flags = self.flags + (f" --seeds-of-length {LONG}" if self.seeds_of else "")
+        flags += " --chat-template" if self.chat else ""
+        return EVAL.format(flags=flags.strip(), probe=probe, n=SAMPLES[probe], length=self.length, log=self.log)
+
+
+CELLS = {
+    "as-saved-4096": Cell("as saved", 4096, "control-probes-saved-4096.jsonl"),
+    "as-saved-8192": Cell("as saved", 8192, "control-probes-saved-8192.jsonl"),
+    "se-8192": Cell("self_extend", 8192, "control-probes-se-8192.jsonl", SE),
+    "se-32768": Cell("self_extend", LONG, "test-probes-se.jsonl", SE),
+    "se-lora-8192": Cell("self_extend + LoRA", 8192, "control-probes-se-lora-8192.jsonl", ADAPTER),
+    "se-lora-32768": Cell("self_extend + LoRA", LONG, "test-probes-se-lora.jsonl", ADAPTER),
+    "as-saved-8192-chat": Cell("as saved", 8192, "control-probes-saved-8192-chat.jsonl", chat=True),
+    "se-8192-chat": Cell("self_extend", 8192, "control-probes-se-8192-chat.jsonl", SE, chat=True),
+}
+HEADLINE = {"self_extend": ("se-32768", "se-8192"), "self_extend + LoRA": ("se-lora-32768", "se-lora-8192")}
+WORDINGS = [question.partition("{name}")[0] for _, question in splits.TEST_WORDINGS]  # each question's opening
+
+
+def read_log(tokenizer, cell: Cell, probe: str) -> list[dict]:
+    """The logged keys of the test prompts of ``cell`` and ``probe`` whose tokens are the split's (same hash), in
+    prompt order: {"prompt", "needle", "key", "wording", "answer", "hit", "named", "provenance"} per key."""
+    path = RESULTS / cell.log
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+    chosen = splits.prompts(tokenizer, "test", probe, cell.length, SAMPLES[probe], cell.seeds_of, cell.chat)
+    by_id = {line["prompt_id"]: line for line in lines}
+    keys = []
+    for p, prompt in enumerate(chosen):
+        line = by_id.get(prompt.prompt_id)
+        if line is None or line["prompt_sha"] != probes.prompt_sha(prompt):
+            continue
+        for i, (needle, (_, key, answer, _)) in enumerate(zip(prompt.needles, line["probes"], strict=True)):
+            wording = next(w for w, opening in enumerate(WORDINGS) if needle.question.startswith(opening))
+            hit, named = probes.is_hit(key, answer), probes.names_key(key, answer)
+            keys.append({"prompt": p, "needle": i, "key": key, "wording": wording, "answer": answer, "hit": hit,
+                         "named": named, "provenance": line.get("provenance")})  # fmt: skip
+    return keys
+
+
+def scored(keys: list[dict], probe: str, rule: str = "hit") -> dict:
+    """hits/n of ``keys`` by ``rule`` ("hit" or "named") with the interval that fits the probe's sampling."""
+    record = score(sum(k[rule] for k in keys), len(keys)) if keys else {"n": 0, "hits": 0, "interval": None}
+    if probe == "multikey" and keys:
+        prompts = sorted({k["prompt"] for k in keys})
+        per_prompt = [(sum(k[rule] for k in keys if k["prompt"] == p), sum(k["prompt"] == p for k in keys))
+                      for p in prompts]  # fmt: skip
+        record |= {"interval": paired.cluster_bootstrap(per_prompt), "interval_kind": "cluster bootstrap"}
+    return record | {"prompts": len({k["prompt"] for k in keys}), "planned": SAMPLES[probe]}
+
+
+def pair(first: list[dict], second: list[dict]) -> dict:
+    """McNemar over the keys both runs asked (matched by prompt and needle; the keys must agree)."""
+    at = {(k["prompt"], k["needle"]): k for k in second}
+    both = [(k, at[k["prompt"], k["needle"]]) for k in first if (k["prompt"], k["needle"]) in at]
+    if any(a["key"] != b["key"] for a, b in both):
+        raise ValueError("paired runs asked different keys: the control prompts are not the 4x prompts' seeds")
+    result = paired.mcnemar([a["hit"] for a, _ in both], [b["hit"] for _, b in both])
+    return result | {"keys": len(both), "both": sum(a["hit"] and b["hit"] for a, b in both)}
+
+
+def commits(keys: list[dict]) -> str:
+    """Where the lines were run: their commits (marked "+dirty" where the tree was not clean), or UNRECORDED."""
+    found = {k["provenance"]["commit"][:7] + ("" if k["provenance"]["clean"] is True else "+dirty")
+             for k in keys if k["provenance"]}  # fmt: skip
+    missing = any(k["provenance"] is None for k in keys)
+    return "; ".join([*sorted(found), *([UNRECORDED] if missing else [])]) or "-"
+
+
+def cell_shown(record: dict) -> str:
+    """``hits/n [lo, hi]``, with "(k of n prompts so far)" while a run is under way; "-" before it starts."""
+    if not record["n"]:
+        return "-"
+    so_far = "" if record["prompts"] >= record["planned"] else f" ({record['prompts']} of {record['planned']} so far)"
+    return shown(record) + so_far
+
+
+RECORDED_AS = {"se-32768": "test:se", "se-lora-32768": "test:se-lora"}  # the held-out 4x records keep their names
+
+
+def record_key(name: str, probe: str) -> str:
+    """results.json's key of a cell's record: ``test:<cell>:<probe>`` at 4x, ``control:<cell>:<probe>`` else."""
+    return f"{RECORDED_AS.get(name, 'control:' + name)}:{probe}"
+
+
+def records(tokenizer) -> dict[str, list[dict]]:
+    """results.json's records of every cell and probe: both scores, every key asked ([prompt, needle, key, wording,
+    answer]: what the tables are made from), where the lines ran and the command."""
+    out = {}
+    for name, cell in CELLS.items():
+        for probe in SAMPLES:
+            found = read_log(tokenizer, cell, probe)
+            asked = [[k["prompt"], k["needle"], k["key"], k["wording"], k["answer"]] for k in found]
+            record = {"split": "test", "probe": probe, "length": cell.length, "seeds_of": cell.seeds_of}
+            record |= {"chat": cell.chat, **scored(found, probe), "named": scored(found, probe, "named")}
+            record |= {"run": commits(found), "command": cell.command(probe), "per_key": asked}
+            out[record_key(name, probe)] = [record]
+    return out
+
+
+def keys_of(done: dict) -> dict[tuple[str, str], list[dict]]:
+    """(cell, probe) -> its keys as results.json records them, each scored by the rules of this version."""
+    out = {}
+    for name in CELLS:
+        for probe in SAMPLES:
+            rows = done.get(record_key(name, probe), [{}])[0].get("per_key", [])
+            out[name, probe] = [
+                {"prompt": p, "needle": i, "key": key, "wording": w, "answer": answer,
+                 "hit": probes.is_hit(key, answer), "named": probes.names_key(key, answer)}
+                for p, i, key, w, answer in rows
+            ]  # fmt: skip
+    return out
+
+
+def headline_columns(keys: dict) -> dict[tuple[str, str], dict]:
+    """(configuration, probe) -> the headline table's control columns: test at 4x, the configuration and the model as
+    saved on the same keys at 1x, retention (over the keys asked at both lengths: 4x hits / the model as saved's hits
+    at 1x) and McNemar (as saved at 1x against 4x)."""
+    out = {}
+    for configuration, (long, short) in HEADLINE.items():
+        for probe in SAMPLES:
+            at_4x, at_1x, saved = (keys[name, probe] for name in (long, short, "as-saved-8192"))
+            test, both = scored(at_4x, probe), pair(saved, at_4x)
+            kept = both["both"] + both["only_second"], both["both"] + both["only_first"]  # 4x hits, 1x hits: paired
+            out[configuration, probe] = {
+                "test": cell_shown(test), "record": test, "1x": cell_shown(scored(at_1x, probe)),
+                "saved": cell_shown(scored(saved, probe)), "mcnemar": mcnemar_shown(both),
+                "retention": f"{kept[0] / kept[1]:.2f} ({kept[0]}/{kept[1]})" if kept[1] else "-",
+            }  # fmt: skip
+    return out
+
+
+def mcnemar_shown(result: dict) -> str:
+    """ "+a/-b, p" (keys only the second run found / only the first, exact two-sided p) over the paired keys."""
+    if not result["keys"]:
+        return "-"
+    return f"+{result['only_second']}/-{result['only_first']} of {result['keys']}, p={result['p']:.2g}"
+
+
+def wording_table(keys: dict) -> str:
+    """Per configuration and length (rows) and question wording (columns): keys found, both probes pooled."""
+    head = " | ".join(f'"{w.strip()} ..."' for w in WORDINGS)
+    lines = [f"| configuration | length | prompt | {head} |", "|---|---:|---|" + "---:|" * len(WORDINGS)]
+    for name, cell in CELLS.items():
+        found = keys[name, "classic"] + keys[name, "multikey"]
+        counts = [[k["hit"] for k in found if k["wording"] == w] for w in range(len(WORDINGS))]
+        shown_counts = " | ".join(f"{sum(c)}/{len(c)}" if c else "-" for c in counts)
+        lines.append(f"| {cell.configuration} | {cell.length} | {'chat' if cell.chat else 'plain'} | {shown_counts} |")
+    return "\n".join(lines)
+
+
+PAIRS = [  # (first, second): McNemar of second against first
+    ("as-saved-8192", "se-32768"), ("as-saved-8192", "se-lora-32768"), ("se-8192", "se-32768"),
+    ("se-lora-8192", "se-lora-32768"), ("se-32768", "se-lora-32768"), ("se-8192", "se-lora-8192"),
+    ("as-saved-4096", "as-saved-8192"), ("as-saved-8192", "se-8192"), ("as-saved-8192", "as-saved-8192-chat"),
+    ("se-8192", "se-8192-chat"),
+]  # fmt: skip
+
+
+def name_of(name: str) -> str:
+    cell = CELLS[name]
+    return f"{cell.configuration} at {cell.length}" + (", chat" if cell.chat else "")
+
+
+def pairs_table(keys: dict) -> str:
+    """Exact McNemar tests of the paired keys, per probe and both pooled."""
+    lines = ["| first | second | classic | multikey | both |", "|---|---|---|---|---|"]
+    for first, second in PAIRS:
+        tests = [pair(keys[first, p], keys[second, p]) for p in SAMPLES]
+        pooled = pair(keys[first, "classic"] + shifted(keys[first, "multikey"]),
+                      keys[second, "classic"] + shifted(keys[second, "multikey"]))  # fmt: skip
+        cells = " | ".join(mcnemar_shown(t) for t in [*tests, pooled])
+        lines.append(f"| {name_of(first)} | {name_of(second)} | {cells} |")
+    return "\n".join(lines)
+
+
+def shifted(keys: list[dict]) -> list[dict]:
+    """Multikey keys renumbered past the classic prompts, so that pooled pairs never collide."""
+    return [k | {"prompt": k["prompt"] + SAMPLES["classic"]} for k in keys]
+
+
+def overview_table(done: dict, keys: dict) -> str:
+    """Every cell and probe: keys found by ``is_hit`` and named anywhere, and the commits its lines ran at."""
+    lines = ["| configuration | length | prompt | probe | found (is_hit) | named anywhere | run at |"]
+    lines.append("|---|---:|---|---|---|---|---|")
+    for (name, probe), found in keys.items():
+        cell = CELLS[name]
+        hit, named = cell_shown(scored(found, probe)), cell_shown(scored(found, probe, "named"))
+        chat = "chat" if cell.chat else "plain"
+        run = done.get(record_key(name, probe), [{}])[0].get("run", "-")
+        lines.append(f"| {cell.configuration} | {cell.length} | {chat} | {probe} | {hit} | {named} | {run} |")
+    return "\n".join(lines)
+
+
+PAGE = RESULTS / "controls.md"
+INTRO = """# The 4x headline's controls
+
+SmolLM2-135M-Instruct (trained at 8192 tokens; the Q4_1 GGUF dequantized) in float32, on the held-out test split.
+The 4x cells are the headline's (32768-token prompts); every other cell asks the same keys in prompts drawn from the
+4x prompts' seeds with less filler (`--seeds-of-length 32768`): same keys, objects, question wordings and depth
+fractions. "chat": each prompt as the user turn of the model's own chat template, the answer stem opening the
+assistant turn (`--chat-template`); the others are plain text, as the headline. Scored by `is_hit` (the answer
+starts, after spaces, with exactly the key); "named anywhere" counts an answer holding the key as any of its numbers.
+Classic: Wilson 95% intervals; multikey (three keys a prompt): cluster bootstrap over prompts (percentile, 10,000
+resamples, seed 20261129). Made by `python experiments/headline_controls.py --write` from
+[results.json](real-model/results.json); each record holds its command and every key's answer.
+"""
+
+
+FRAME = (
+    'The adapter\'s training questions ("Which {kind} belongs to the {thing}? It is") share their frame with the '
+    "second wording.\n"
+)
+PAIRS_NOTE = "+a/-b: keys only the second run found / only the first, of the keys both asked; p two-sided.\n"
+
+
+def page(done: dict) -> str:
+    keys = keys_of(done)
+    parts = [INTRO, "## Every cell\n", overview_table(done, keys), "", UNRECORDED_NOTE]
+    parts += ["## Per question wording (both probes)\n"]
+    parts += [FRAME, wording_table(keys), "\n## Paired keys (exact McNemar)\n", PAIRS_NOTE, pairs_table(keys)]
+    return "\n".join(parts) + "\n"
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    from hf_rope_ext.eval import loading
+    from hf_rope_ext.store import smollm2
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", help="write the records into results.json and controls.md")
+    args = parser.parse_args(argv)
+    results = RESULTS / "results.json"
+    done = json.loads(results.read_text())
+    done |= records(loading.load_tokenizer(smollm2.ensure()))
+    print(page(done))
+    if args.write:
+        results.write_text(json.dumps(done, indent=1) + "\n")
+        PAGE.write_text(page(done))
+
+
+if __name__ == "__main__":
+    main()
