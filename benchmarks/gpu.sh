@@ -25,18 +25,18 @@
 # 4. the real-model pass key at 32k (experiments/real_model_report.py): see the HOOK line below.
 # Then benchmarks/gpu_report.py gathers them into one JSON and one markdown table. Without a CUDA device it stops
 # at once with a message and exit status 2, measuring nothing. PYTHON picks the interpreter (default .venv/bin/python).
-# GPU_LEASE=1 fits the whole script into about 10 minutes of a lent machine: each part under a time limit (a part
+# GPU_QUICK=1 fits the whole script into about 10 minutes: each part under a time limit (a part
 # cut off keeps what it printed in OUT/*.txt, the compiled part its rows so far, and is named as not measured by the
 # report), fewer repeats and types, and no fine-tuning unless GPU_PARTS names it (then on the 1B shape only, its
 # reach searched up to 128k tokens in steps of 16k). GPU_PARTS names the parts run (default "engines attention
-# compiled finetune profile", under GPU_LEASE=1 "engines attention compiled profile"; a part left out is named as not
-# measured by the report).
+# compiled finetune profile", under GPU_QUICK=1 "engines attention compiled profile"; a part left out is named as not
+# measured by the report). GPU_LEASE=1, the short mode's former name, is read as GPU_QUICK=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-LEASE=${GPU_LEASE:-0}
+QUICK=${GPU_QUICK:-${GPU_LEASE:-0}}
 DEFAULT_PARTS="engines attention compiled finetune profile"
-[ "$LEASE" = 1 ] && DEFAULT_PARTS="engines attention compiled profile"
+[ "$QUICK" = 1 ] && DEFAULT_PARTS="engines attention compiled profile"
 PARTS=" ${GPU_PARTS:-$DEFAULT_PARTS} "
 for name in $PARTS; do
   case "$name" in engines | attention | compiled | finetune | profile) ;; *)
@@ -47,19 +47,19 @@ done
 FINETUNE=(--reach)
 ATTENTION=(--repeats 3 --lengths 8192 32768 65536 --decode 8192 32768 65536 --decode-static 8192 32768 65536)
 COMPILED=(--cached 32768 --prompt 32768 --new-tokens 256)
-if [ "$LEASE" = 1 ]; then
+if [ "$QUICK" = 1 ]; then
   FINETUNE=(--reach --shapes 1b --reach-max 131072 --reach-step 16384)
   ATTENTION=(--repeats 1 --lengths 8192 32768 65536 --decode 8192 32768 --decode-static 32768)
   COMPILED=(--cached 32768 --steps 10 --types rerope self_extend dual_chunk xpos --prompt 32768 --new-tokens 128)
 fi
-part() {  # part SECONDS(under GPU_LEASE=1) NAME COMMAND...: run it, its output teed into OUT/NAME.txt
+part() {  # part SECONDS(under GPU_QUICK=1) NAME COMMAND...: run it, its output teed into OUT/NAME.txt
   local seconds=$1 name=$2
   shift 2
   [[ "$PARTS" == *" $name "* ]] || return 0
-  if [ "$LEASE" = 1 ]; then set -- timeout "$seconds" "$@"; fi
+  if [ "$QUICK" = 1 ]; then set -- timeout "$seconds" "$@"; fi
   local status=0
   "$@" 2>&1 | tee "$OUT/$name.txt" || status=$?
-  [ "$status" = 124 ] && echo "benchmarks/gpu.sh: $name cut off after $seconds s (GPU_LEASE=1)" | tee -a "$OUT/$name.txt"
+  [ "$status" = 124 ] && echo "benchmarks/gpu.sh: $name cut off after $seconds s (GPU_QUICK=1)" | tee -a "$OUT/$name.txt"
   return "$status"
 }
 OUT=${1:-runs/gpu-$(date +%Y%m%d-%H%M%S)}
@@ -76,16 +76,16 @@ export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 part 240 engines "$PY" benchmarks/check_engines.py --device cuda --json "$OUT/engines.json" || checked=$?
 
 part 150 attention "$PY" benchmarks/bench_attention.py --device cuda --head-dims 128 --dtypes bfloat16 "${ATTENTION[@]}" \
-  --json "$OUT/attention.json" || [ "$LEASE" = 1 ]
+  --json "$OUT/attention.json" || [ "$QUICK" = 1 ]
 
 compiled=0
 part 170 compiled "$PY" benchmarks/bench_compiled_decode.py --device cuda "${COMPILED[@]}" --json "$OUT/compiled.json" \
   || compiled=$?
 
-part 100 finetune "$PY" benchmarks/bench_finetune_gpu.py "${FINETUNE[@]}" --json "$OUT/finetune.json" || [ "$LEASE" = 1 ]
+part 100 finetune "$PY" benchmarks/bench_finetune_gpu.py "${FINETUNE[@]}" --json "$OUT/finetune.json" || [ "$QUICK" = 1 ]
 
 part 40 profile "$PY" benchmarks/profile_decode.py --device cuda --cached 32768 --types default rerope xpos dual_chunk \
-  || [ "$LEASE" = 1 ]
+  || [ "$QUICK" = 1 ]
 
 # >>> HOOK real-model pass key at 32k (experiments/real_model_report.py):
 # it measures on the CPU (extend.evaluate_method loads models on loading.load_model's default device) and fetches

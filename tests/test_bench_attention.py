@@ -184,7 +184,7 @@ def test_the_cuda_kernels_block_masks_add_no_operation_to_a_decode_step(name):
 def test_gpu_script_stops_without_cuda_and_measures_nothing(tmp_path):
     """``benchmarks/gpu.sh`` on a machine without CUDA: exit status 2, a message naming the interpreter, no OUT."""
     out = tmp_path / "gpu"
-    env = {**os.environ, "PYTHON": sys.executable, "GPU_LEASE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_QUICK": "1", "CUDA_VISIBLE_DEVICES": ""}
     script = str(ROOT / "benchmarks" / "gpu.sh")
     done = subprocess.run(["bash", script, str(out)], env=env, capture_output=True, text=True)
     assert done.returncode == 2, done.stderr

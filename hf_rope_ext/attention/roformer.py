@@ -16,7 +16,7 @@ module to encoders whose config asks for a rope (per instance):
   always turned in RoFormer's native interleaved pairs by a pure rotation, because layout conversion permutes only
   q/k rows;
 - ``rope_type="roper"``: values rotated by their position and :func:`rotate_output_back` turning the output back by
-  the query position (seed 004); the KV cache keeps rotated keys and values, as stock does.
+  the query position (RoPER); the KV cache keeps rotated keys and values, as stock does.
 """
 
 from __future__ import annotations
