@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -278,5 +279,6 @@ def load_script(name: str):
     path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module

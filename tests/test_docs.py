@@ -29,7 +29,8 @@ REFERENCE = re.compile(r"^\s*\[[^\]\n]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$", 
 HTML = re.compile(r"\b(?:src|href)=\"([^\"]+)\"")
 NOT_A_FILE = re.compile(r"^(?:[a-z][a-z0-9+.-]*:|#)|\{\{|\{%", re.I)
 # how the work was done, not what the project is: leases of machines, sessions, issue numbers, the CPU the
-# measurements shared with other jobs ("release" and "GPU_LEASE", the former name of an option of benchmarks/gpu.sh, do not match)
+# measurements shared with other jobs ("release" and "GPU_LEASE", the former name of an option of benchmarks/gpu.sh,
+# do not match)
 PROCESS_WORDS = [
     r"\blease[sd]?\b",
     r"\bsessions?\b",
