@@ -21,3 +21,10 @@ def test_versions_of_every_package_and_python(tmp_path):
     assert meta["versions"]["python"] == platform.python_version()
     assert metadata.version("no-such-distribution-hf-rope-ext") is None
     assert meta["model_sha256"] is None  # a folder without config.json or weights
+
+
+def test_a_report_names_the_dtype_device_and_threads_it_ran_with(tmp_path):
+    """``eval --json``, ``extend`` and RULER reports pass what they loaded the model with."""
+    meta = metadata.run_metadata(tmp_path, "hf-rope-ext eval", dtype="bfloat16", device="cpu")
+    assert {k: meta["provenance"][k] for k in ("dtype", "device")} == {"dtype": "bfloat16", "device": "cpu"}
+    assert meta["provenance"]["threads"] >= 1 and "commit" in meta["provenance"]

@@ -81,3 +81,10 @@ def test_the_tables_are_made_from_the_records_alone(controls, probe_tokenizer, t
     rows = controls.wording_table(keys).splitlines()
     counts = [sum(int(c.split("/")[1]) for c in row.strip("| ").split(" | ")[3:] if "/" in c) for row in rows[2:]]
     assert counts == [8, 8]  # 2 classic + 2 x 3 multikey keys a cell, each under one wording
+
+
+def test_the_controls_page_is_the_page_of_the_committed_records():
+    module = load_script("headline_controls")
+    done = json.loads((module.RESULTS / "results.json").read_text())
+    assert module.PAGE.read_text() == module.page(done)
+    assert done["control:as-saved-8192:classic"][0]["per_key"], "the 1x control of the headline is recorded"

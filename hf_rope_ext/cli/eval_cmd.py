@@ -104,7 +104,9 @@ def run(args) -> int:
     print(report.markdown_table(records))
     title = f"needle in a haystack: {records[0]['rope_type']}" + (f" x{args.factor:g}" if args.factor else "")
     writers = {
-        args.json: lambda tmp: report.write_json(records, tmp, run_metadata(path, args._command, adapter, args.data)),
+        args.json: lambda tmp: report.write_json(
+            records, tmp, run_metadata(path, args._command, adapter, args.data, "float32", "cpu")
+        ),  # evaluate's model
         args.plot: lambda tmp: report.plot_perplexity(records, tmp, pretrain),
         args.needle: lambda tmp: report.plot_heatmap(grid.numpy(), depths, lengths, tmp, title),
     }

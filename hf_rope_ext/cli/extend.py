@@ -128,7 +128,7 @@ def run(args) -> int:
     records = compare.run_comparison(
         path, methods, factor_list(args), plan, args.data, not args.no_progress, extra, dtype=args.dtype
     )
-    meta = run_metadata(path, command_line(args), data=args.data)
+    meta = run_metadata(path, command_line(args), data=args.data, dtype=args.dtype, device="cpu")
     model = args.model or f"{bundled.default_model_path()} (bundled)"
     text = extend_report.markdown(
         records, plan, meta, model=str(model), data=args.data, dtype=args.dtype, peak_gib=peak_memory_gib()

@@ -115,7 +115,7 @@ def write(records, args, path, target: Path, stage, adapter=None) -> int:
     from ..eval import report, ruler_report
     from ..eval.metadata import run_metadata
 
-    meta = run_metadata(path, getattr(args, "_command", ""), adapter)
+    meta = run_metadata(path, getattr(args, "_command", ""), adapter, dtype=args.dtype, device="cpu")
     limit = f"the first {args.limit}" if args.limit else "all"
     text = "\n".join(
         [
