@@ -16,7 +16,9 @@ step (embedding, every layer, head) of a 2-layer tiny Llama (hidden 64, 4 / 2 he
 (what ``generate`` gives these types) holds the prompt, and gives each type's operations per layer beyond the stock
 model's (``default``): what the attention functions add, layers sharing what a step computes once. With
 ``--padded N`` the step is one of a batch of two rows, the first left-padded by N tokens, as ``generate`` steps a
-padded batch; with ``--static`` the cache is a static one (16 slots to spare), stepped eagerly.
+padded batch; with ``--static`` the cache is a static one (16 slots to spare), stepped eagerly; with ``--user-cache
+dynamic|static`` it is the cache a user builds from transformers alone (``DynamicCache(config=...)``,
+``StaticCache(config=..., max_cache_len=...)``) and hands to the model, instead of ``hf_rope_ext.rope_cache``.
 """
 
 from __future__ import annotations
@@ -137,12 +139,17 @@ def next_inputs(inputs: dict, logits: torch.Tensor) -> dict:
     return step
 
 
-def model_step_ops(name: str, cached: int, large: int, layers: int = 2, padded: int = 0, static: bool = False):
+def model_step_ops(
+    name: str, cached: int, large: int, layers: int = 2, padded: int = 0, static: bool = False, user: str | None = None
+):
     """The counter of the third decode step of a tiny Llama (``tiny_llama``) using ``name`` after ``cached`` tokens
     (``padded``: of a batch of two rows, the first left-padded by that many, as ``padded_inputs``; ``static``: on a
-    static cache with 16 slots to spare, stepped eagerly)."""
+    static cache with 16 slots to spare, stepped eagerly; ``user``: on transformers' own "dynamic" or "static" cache
+    built as a user would, not the package's)."""
     model = tiny_llama(bench.TYPES[name], layers)
-    cache = hf_rope_ext.rope_cache(model, cached + 16 if static else None)
+    cache = (
+        user_cache(model, user, cached + 16) if user else hf_rope_ext.rope_cache(model, cached + 16 if static else None)
+    )
     keyword = {hf_rope_ext.cache_keyword(model): cache}
     inputs = padded_inputs(cached, padded)
     with torch.no_grad():
@@ -155,12 +162,23 @@ def model_step_ops(name: str, cached: int, large: int, layers: int = 2, padded: 
     return counter
 
 
+def user_cache(model, kind: str, slots: int):
+    """transformers' own cache as a user builds it: ``DynamicCache(config=...)`` or a ``StaticCache`` of ``slots``."""
+    from transformers import DynamicCache, StaticCache
+
+    if kind == "dynamic":
+        return DynamicCache(config=model.config)
+    return StaticCache(config=model.config, max_cache_len=slots)
+
+
 def model_table(args) -> None:
     """Operations of a whole step per type, and per layer beyond the stock model's."""
-    stock_counter = model_step_ops("default", args.cached, args.large, args.layers, args.padded, args.static)
+    cache = (args.padded, args.static, args.user_cache)
+    stock_counter = model_step_ops("default", args.cached, args.large, args.layers, *cache)
     stock = sum(stock_counter.ops.values())
     batch = f", 2 rows, one left-padded by {args.padded}" if args.padded else ""
     batch += ", static cache" if args.static else ""
+    batch += f", the user's own {args.user_cache} cache" if args.user_cache else ""
     print(
         f"| rope_type | operations per model step (after {args.cached} tokens, {args.layers} layers{batch}) "
         "| beyond stock, per layer | host syncs |"
@@ -168,7 +186,7 @@ def model_table(args) -> None:
     print("| --- | ---: | ---: | ---: |")
     print(f"| default | {stock} | 0.0 | {stock_counter.syncs} |")
     for name in [n for n in args.types if n != "default"]:
-        counter = model_step_ops(name, args.cached, args.large, args.layers, args.padded, args.static)
+        counter = model_step_ops(name, args.cached, args.large, args.layers, *cache)
         total = sum(counter.ops.values())
         print(f"| {name} | {total} | {(total - stock) / args.layers:.1f} | {counter.syncs} |", flush=True)
 
@@ -184,11 +202,19 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=2, help="layers of --model's Llama")
     parser.add_argument("--padded", type=int, default=0, help="--model: a batch of two, one left-padded by this")
     parser.add_argument("--static", action="store_true", help="--model: on a static cache, stepped eagerly")
+    parser.add_argument(
+        "--user-cache",
+        choices=("dynamic", "static"),
+        default=None,
+        help="--model: on transformers' own cache built as a user would, not hf_rope_ext.rope_cache",
+    )
     args = parser.parse_args(argv)
     if args.padded and not (args.model and 0 < args.padded < args.cached):
         parser.error(f"--padded {args.padded} needs --model and 0 < --padded < --cached ({args.cached})")
-    if args.static and not args.model:
-        parser.error("--static counts a whole model's step: add --model")
+    if (args.static or args.user_cache) and not args.model:
+        parser.error("--static and --user-cache count a whole model's step: add --model")
+    if args.static and args.user_cache:
+        parser.error("--static is the package's static cache; --user-cache static is transformers' own: pick one")
     if args.model:
         model_table(args)
         return 0
