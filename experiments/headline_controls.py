@@ -1,8 +1,8 @@
 """The controls of the 4x headline: the held-out test prompts told again in 8192 (1x) and 4096 tokens, by the model as
 saved, by the chosen configurations and through the model's chat template, each key paired with its 4x answer.
 
-    python experiments/headline_controls.py           # print the tables
-    python experiments/headline_controls.py --write   # and write records into results.json and controls.md
+    python experiments/headline.py                    # read the logs into results.json, write controls.md
+    python experiments/headline_controls.py           # print the tables of the committed records
 
 A control prompt (``--seeds-of-length 32768``) has the 4x prompt's keys, objects, wordings and depth fractions with
 less filler, so each key is asked at 1x and at 4x. Every count is scored by one rule (``probes.is_hit``: the answer
@@ -253,7 +253,7 @@ fractions. "chat": each prompt as the user turn of the model's own chat template
 assistant turn (`--chat-template`); the others are plain text, as the headline. Scored by `is_hit` (the answer
 starts, after spaces, with exactly the key); "named anywhere" counts an answer holding the key as any of its numbers.
 Classic: Wilson 95% intervals; multikey (three keys a prompt): cluster bootstrap over prompts (percentile, 10,000
-resamples, seed 20261129). Made by `python experiments/headline_controls.py --write` from
+resamples, seed 20261129). Made by `python experiments/headline.py` from
 [results.json](real-model/results.json); each record holds its command and every key's answer.
 """
 
@@ -273,22 +273,9 @@ def page(done: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-def main(argv=None) -> None:
-    import argparse
-
-    from hf_rope_ext.eval import loading
-    from hf_rope_ext.store import smollm2
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help="write the records into results.json and controls.md")
-    args = parser.parse_args(argv)
-    results = RESULTS / "results.json"
-    done = json.loads(results.read_text())
-    done |= records(loading.load_tokenizer(smollm2.ensure()))
-    print(page(done))
-    if args.write:
-        results.write_text(json.dumps(done, indent=1) + "\n")
-        PAGE.write_text(page(done))
+def main() -> None:
+    """Print the page of the committed records (``experiments/headline.py`` reads the logs and writes it)."""
+    print(page(json.loads((RESULTS / "results.json").read_text())))
 
 
 if __name__ == "__main__":
