@@ -120,12 +120,12 @@ NOTES = (
     "Chosen on dev before the test run (most hits over both probes at 32768 tokens): {chose}; the choice stands "
     "whatever a re-run of dev shows. Base weights: the Q4_1 GGUF dequantized; float32; plain-text prompts, no chat "
     "template. One rule scores every count: the answer starts, after spaces, with exactly the key. Classic: 30 "
-    "prompts of one key, Wilson 95% intervals; multikey: 8 prompts of three keys, intervals by a cluster bootstrap "
-    'over prompts (percentile, 10,000 resamples, seed 20261129). "Same keys at 1x": the test prompts told in 8192 '
-    "tokens (the model's training length) with the same keys, objects, wordings and depths. Retention: 4x hits over "
-    "the model as saved's 1x hits, on the keys asked at both. The column after it: keys found only at 4x (+) and only "
-    "by the model as saved at 1x (-), with the exact McNemar p. Dev cells marked * were scored by the first rule (the "
-    "answer starts with the key, 6 tokens generated)."
+    "prompts of one key, Wilson 95% intervals; multikey: 8 prompts of three keys, intervals marked (by prompt) from"
+    ' a cluster bootstrap over prompts (percentile, 10,000 resamples, seed 20261129). "Same keys at 1x": the test '
+    "prompts told in 8192 tokens (the model's training length) with the same keys, objects, wordings and depths. "
+    "Retention: 4x hits over the model as saved's 1x hits, on the keys asked at both. The column after it: keys "
+    "found only at 4x (+) and only by the model as saved at 1x (-), with the exact McNemar p. Dev cells marked * "
+    "were scored by the first rule (the answer starts with the key, 6 tokens generated)."
 )
 CONFIGURATION = {"se": "self_extend", "se-lora": "self_extend + LoRA"}  # headline_controls' configuration names
 

@@ -123,7 +123,8 @@ def cell_shown(record: dict) -> str:
     if not record["n"]:
         return "-"
     so_far = "" if record["prompts"] >= record["planned"] else f" ({record['prompts']} of {record['planned']} so far)"
-    return shown(record) + so_far
+    by_prompt = " (by prompt)" if record.get("interval_kind") == "cluster bootstrap" else ""
+    return shown(record) + by_prompt + so_far
 
 
 RECORDED_AS = {"se-32768": "test:se", "se-lora-32768": "test:se-lora"}  # the held-out 4x records keep their names
@@ -254,7 +255,7 @@ assistant turn (`--chat-template`); the others are plain text, as the headline. 
 starts, after spaces, with exactly the key); "named anywhere" counts an answer holding the key as any of its numbers.
 Classic: Wilson 95% intervals; multikey (three keys a prompt): cluster bootstrap over prompts (percentile, 10,000
 resamples, seed 20261129). Made by `python experiments/headline.py` from
-[results.json](real-model/results.json); each record holds its command and every key's answer.
+[results.json](results.json); each record holds its command and every key's answer.
 """
 
 

@@ -108,7 +108,9 @@ RESULT_PAGES = [
 
 
 def counts_in_tables(text: str) -> list[re.Match]:
-    """The hits/n counts of every table cell that holds counts alone (a cell "5/5 [0.57, 1.00] / 4/5 [...]" too)."""
+    """The hits/n counts of every table cell that holds counts alone (a cell "5/5 [0.57, 1.00] / 4/5 [...]" too); a
+    count marked "(by prompt)" carries a cluster bootstrap interval, checked against its records by
+    tests/test_headline.py, not here."""
     cells = [c for line in text.splitlines() if line.startswith("|") for c in line.split("|")]
     return [m for cell in cells if COUNTS_ONLY.match(cell) for m in COUNT.finditer(cell)]
 

@@ -72,7 +72,7 @@ def test_the_table_says_met_only_when_the_lower_bound_clears_the_target(headline
     assert "| classic | 10/10 [0.72, 1.00] * | 30/30 [0.89, 1.00] | - | 25/30 [0.66, 0.93] |" in text
     assert "| 1.20 (30/25) | +5/-0 of 30, p=0.062 | 80% | met |" in text
     lo, hi = headline.controls.paired.cluster_bootstrap([(3, 3)] * 6 + [(2, 3), (0, 3)])
-    assert f"| multikey | 9/12 [0.47, 0.91] * | 20/24 [{lo:.2f}, {hi:.2f}] | - | - | - | - | 80% |" in text
+    assert f"| multikey | 9/12 [0.47, 0.91] * | 20/24 [{lo:.2f}, {hi:.2f}] (by prompt) | - | - | - | - | 80% |" in text
     done["dev-rerun:se:classic"] = [{"probe": "classic", "n": 10, "hits": 7, "interval": [0.4, 0.9], "planned": 10}]
     assert "| classic | 7/10 [0.40, 0.90] | 30/30" in headline.table(done, {})
 
