@@ -140,28 +140,22 @@ def dev_shown(rerun: dict | None, first: dict | None) -> str:
 def dev_records(tokenizer, cell: str) -> dict:
     """results.json's ``dev-rerun:<cell>:<probe>``: the dev cell re-run and scored by ``is_hit``, from
     ``dev-probes-<cell>.jsonl``, where it has lines."""
-    log, out = RESULTS / f"dev-probes-{cell}.jsonl", {}
-    lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.is_file() else []
+    out = {}
     for probe, n in DEV_SAMPLES.items():
-        chosen = {p.prompt_id: p for p in splits.prompts(tokenizer, "dev", probe, LENGTH, n)}
-        found = [(chosen[x["prompt_id"]], x) for x in lines if x["prompt_id"] in chosen]
-        found = [(p, x) for p, x in found if x["prompt_sha"] == probes.prompt_sha(p)]
+        found = controls.logged(
+            RESULTS / f"dev-probes-{cell}.jsonl", splits.prompts(tokenizer, "dev", probe, LENGTH, n)
+        )
         if found:
-            tokens = [len(p.ids) for p, _ in found]
-            record = probes.aggregate("dev", probe, LENGTH, [x["probes"] for _, x in found], tokens)
+            tokens = [len(prompt.ids) for _, prompt, _ in found]
+            record = probes.aggregate("dev", probe, LENGTH, [x["probes"] for *_, x in found], tokens)
             command = DEV_EVAL.format(model=MODEL, flags=TEST_CELLS[cell][2], probe=probe, n=n, cell=cell)
-            out[f"dev-rerun:{cell}:{probe}"] = [record | {"planned": n, "command": command, "run": run_at(found)}]
+            run = controls.commits([x.get("provenance") for *_, x in found])
+            out[f"dev-rerun:{cell}:{probe}"] = [record | {"planned": n, "command": command, "run": run}]
     return out
 
 
 DEV_SAMPLES = {"classic": 10, "multikey": 4}  # the dev cells the choice was made on: 10 keys, 4 x 3 keys
 DEV_EVAL = EVAL.replace("--split test", "--split dev").replace("test-probes", "dev-probes")
-
-
-def run_at(found: list) -> str:
-    """The commits the logged lines ran at (``+dirty`` where the tree was not clean)."""
-    runs = {x["provenance"]["commit"][:7] + ("" if x["provenance"]["clean"] is True else "+dirty") for _, x in found}
-    return "; ".join(sorted(runs))
 
 
 def dev_of(record: dict) -> dict:

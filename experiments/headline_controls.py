@@ -69,23 +69,29 @@ HEADLINE = {"self_extend": ("se-32768", "se-8192"), "self_extend + LoRA": ("se-l
 WORDINGS = [question.partition("{name}")[0] for _, question in splits.TEST_WORDINGS]  # each question's opening
 
 
-def read_log(tokenizer, cell: Cell, probe: str) -> list[dict]:
-    """The logged keys of the test prompts of ``cell`` and ``probe`` whose tokens are the split's (same hash), in
-    prompt order: {"prompt", "needle", "key", "wording", "answer", "hit", "named", "provenance"} per key."""
-    path = RESULTS / cell.log
+def logged(path: Path, chosen: list) -> list[tuple[int, object, dict]]:
+    """(index, prompt, log line) of the ``chosen`` prompts that ``path`` logged for their very tokens (same hash)."""
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
-    chosen = splits.prompts(tokenizer, "test", probe, cell.length, SAMPLES[probe], cell.seeds_of, cell.chat)
     by_id = {line["prompt_id"]: line for line in lines}
+    found = [(p, prompt, by_id.get(prompt.prompt_id)) for p, prompt in enumerate(chosen)]
+    return [(p, prompt, line) for p, prompt, line in found if line and line["prompt_sha"] == probes.prompt_sha(prompt)]
+
+
+def keyed(prompt: int, needle: int, key: int, wording: int, answer: str, provenance: dict | None = None) -> dict:
+    """One asked key, scored by the rules of this version."""
+    hit, named = probes.is_hit(key, answer), probes.names_key(key, answer)
+    return {"prompt": prompt, "needle": needle, "key": key, "wording": wording, "answer": answer, "hit": hit,
+            "named": named, "provenance": provenance}  # fmt: skip
+
+
+def read_log(tokenizer, cell: Cell, probe: str) -> list[dict]:
+    """The logged keys of the test prompts of ``cell`` and ``probe`` (``logged``), in prompt order (``keyed``)."""
+    chosen = splits.prompts(tokenizer, "test", probe, cell.length, SAMPLES[probe], cell.seeds_of, cell.chat)
     keys = []
-    for p, prompt in enumerate(chosen):
-        line = by_id.get(prompt.prompt_id)
-        if line is None or line["prompt_sha"] != probes.prompt_sha(prompt):
-            continue
+    for p, prompt, line in logged(RESULTS / cell.log, chosen):
         for i, (needle, (_, key, answer, _)) in enumerate(zip(prompt.needles, line["probes"], strict=True)):
             wording = next(w for w, opening in enumerate(WORDINGS) if needle.question.startswith(opening))
-            hit, named = probes.is_hit(key, answer), probes.names_key(key, answer)
-            keys.append({"prompt": p, "needle": i, "key": key, "wording": wording, "answer": answer, "hit": hit,
-                         "named": named, "provenance": line.get("provenance")})  # fmt: skip
+            keys.append(keyed(p, i, key, wording, answer, line.get("provenance")))
     return keys
 
 
@@ -110,11 +116,11 @@ def pair(first: list[dict], second: list[dict]) -> dict:
     return result | {"keys": len(both), "both": sum(a["hit"] and b["hit"] for a, b in both)}
 
 
-def commits(keys: list[dict]) -> str:
-    """Where the lines were run: their commits (marked "+dirty" where the tree was not clean), or UNRECORDED."""
-    found = {k["provenance"]["commit"][:7] + ("" if k["provenance"]["clean"] is True else "+dirty")
-             for k in keys if k["provenance"]}  # fmt: skip
-    missing = any(k["provenance"] is None for k in keys)
+def commits(provenances: list[dict | None]) -> str:
+    """Where logged lines ran: their commits (marked "+dirty" where the tree was not clean), UNRECORDED for lines
+    without provenance."""
+    found = {p["commit"][:7] + ("" if p["clean"] is True else "+dirty") for p in provenances if p}
+    missing = any(p is None for p in provenances)
     return "; ".join([*sorted(found), *([UNRECORDED] if missing else [])]) or "-"
 
 
@@ -145,8 +151,8 @@ def records(tokenizer) -> dict[str, list[dict]]:
             asked = [[k["prompt"], k["needle"], k["key"], k["wording"], k["answer"]] for k in found]
             record = {"split": "test", "probe": probe, "length": cell.length, "seeds_of": cell.seeds_of}
             record |= {"chat": cell.chat, **scored(found, probe), "named": scored(found, probe, "named")}
-            record |= {"run": commits(found), "command": cell.command(probe), "per_key": asked}
-            out[record_key(name, probe)] = [record]
+            record |= {"run": commits([k["provenance"] for k in found]), "command": cell.command(probe)}
+            out[record_key(name, probe)] = [record | {"per_key": asked}]
     return out
 
 
@@ -156,11 +162,7 @@ def keys_of(done: dict) -> dict[tuple[str, str], list[dict]]:
     for name in CELLS:
         for probe in SAMPLES:
             rows = done.get(record_key(name, probe), [{}])[0].get("per_key", [])
-            out[name, probe] = [
-                {"prompt": p, "needle": i, "key": key, "wording": w, "answer": answer,
-                 "hit": probes.is_hit(key, answer), "named": probes.names_key(key, answer)}
-                for p, i, key, w, answer in rows
-            ]  # fmt: skip
+            out[name, probe] = [keyed(*row) for row in rows]
     return out
 
 

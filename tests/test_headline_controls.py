@@ -43,15 +43,20 @@ def test_a_log_counts_the_paired_prompts_own_lines_and_names_where_they_ran(cont
     own = splits.prompts(probe_tokenizer, "test", "classic", SHORT, 3)  # same length, not the long prompts' seeds
     ran = {"commit": "a" * 40, "clean": False}
     write_log(tmp_path / "saved.jsonl", paired[:2] + own[2:], lambda key: f" {key}.", ran)
+    other = json.loads((tmp_path / "saved.jsonl").read_text().splitlines()[0])  # the id of prompt 2, other tokens
+    other |= {"prompt_id": paired[2].prompt_id, "prompt_sha": "another prompt"}
+    with (tmp_path / "saved.jsonl").open("a") as handle:
+        handle.write(json.dumps(other) + "\n")
     keys = controls.read_log(probe_tokenizer, controls.CELLS["as-saved-8192"], "classic")
     assert [k["prompt"] for k in keys] == [0, 1] and all(k["hit"] and k["named"] for k in keys)
-    assert controls.commits(keys) == "aaaaaaa+dirty"
+    assert controls.commits([k["provenance"] for k in keys]) == "aaaaaaa+dirty"
     assert {k["wording"] for k in keys} <= {0, 1, 2}
     for k, prompt in zip(keys, paired, strict=False):
         assert splits.TEST_WORDINGS[k["wording"]][1].format(name="X").split("X")[0] in prompt.needles[0].question
     write_log(tmp_path / "se.jsonl", splits.prompts(probe_tokenizer, "test", "classic", LONG, 3), lambda key: " 1")
     unrecorded = controls.read_log(probe_tokenizer, controls.CELLS["se-32768"], "classic")
-    assert controls.commits(unrecorded) == controls.UNRECORDED and not any(k["hit"] for k in unrecorded)
+    provenances = [k["provenance"] for k in unrecorded]
+    assert controls.commits(provenances) == controls.UNRECORDED and not any(k["hit"] for k in unrecorded)
 
 
 def test_keys_are_paired_with_the_same_key_of_the_other_run(controls):
