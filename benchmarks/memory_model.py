@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import re
 from pathlib import Path
 
 from hf_rope_ext.train.memory_model import Shape, Step, predict, total
@@ -24,7 +23,7 @@ from hf_rope_ext.train.memory_model import Shape, Step, predict, total
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
 PAGE = ROOT / "docs" / "finetune.md"
-BLOCK = re.compile(r"(<!-- memory-model:start -->\n).*?(<!-- memory-model:end -->)", re.S)
+BLOCK = "memory-model"  # <!-- memory-model:start --> ... <!-- memory-model:end --> in PAGE
 # the loss each CPU record's step took (docs/results/lora-memory.md): its commit's bench_lora_memory.py
 CPU_LOSS = {"4cb0bf5": "chunked", "dcffd83": "chunked", "a51e791": "head"}
 PRE_FIX = "4cb0bf5"  # the attention-level engine before its fix kept copies per piece; the model counts plain attention
@@ -43,8 +42,8 @@ MARGIN_GIB = 3.0
 CAPACITY = {"H100 80GB": 79.6, "H200 141GB": 140.4}
 
 
-def script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+def script(name: str, folder: str = "benchmarks"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -171,10 +170,7 @@ def main(argv=None) -> None:
     text = report()
     print(text)
     if args.write:
-        page = PAGE.read_text(encoding="utf-8")
-        if not BLOCK.search(page):
-            raise ValueError(f"{PAGE}: no <!-- memory-model:start --> ... <!-- memory-model:end --> block")
-        PAGE.write_text(BLOCK.sub(lambda m: m.group(1) + text + "\n" + m.group(2), page), encoding="utf-8")
+        script("results_at_a_glance", "experiments").replace_block(PAGE, BLOCK, text)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
 
+CHUNK = 4096  # tokens whose logits ``chunked_causal_lm_loss`` forms at once, by default
+
+
 def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Summed fp32 cross-entropy of hidden (n, dim) against the output projection weight (vocab, dim)."""
     logits = hidden.float() @ weight.float().T  # (n, vocab)
@@ -27,7 +30,7 @@ def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
 
 
 def chunked_causal_lm_loss(
-    hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor, chunk: int = 4096
+    hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor, chunk: int = CHUNK
 ) -> torch.Tensor:
     """Mean next-token loss of (batch, seq, dim) last hidden states under the output projection ``weight``
     (vocab, dim), equal to ``causal_lm_loss(hidden @ weight.T, input_ids)``; ``chunk`` tokens at a time."""

@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .head_loss import chunk_tokens
+from .loss import CHUNK as CHUNKED_LOSS_TOKENS  # the benchmark's chunked loss: tokens per chunk
 
 LORA_BYTES = 4  # peft's adapter weights stay fp32 on a half-precision base (``train.lora.apply_lora``)
 NORM_BYTES = 4  # a Llama RMSNorm computes in fp32 and keeps its fp32 input for the backward
-CHUNKED_LOSS_TOKENS = 4096  # ``train.loss.chunked_causal_lm_loss``'s default chunk
 # the tensor each adapter target reads (adapters reading one tensor share it in fp32)
 READS = dict.fromkeys(("q_proj", "k_proj", "v_proj"), "normed") | dict.fromkeys(("gate_proj", "up_proj"), "mlp_in")
 READS |= {"o_proj": "attention", "down_proj": "mlp_mid"}
