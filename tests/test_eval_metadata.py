@@ -3,6 +3,7 @@ wheels leave the build out of the distribution's version, so a figure from a CUD
 
 from __future__ import annotations
 
+import json
 import platform
 
 import torch
@@ -23,8 +24,12 @@ def test_versions_of_every_package_and_python(tmp_path):
     assert meta["model_sha256"] is None  # a folder without config.json or weights
 
 
-def test_a_report_names_the_dtype_device_and_threads_it_ran_with(tmp_path):
-    """``eval --json``, ``extend`` and RULER reports pass what they loaded the model with."""
-    meta = metadata.run_metadata(tmp_path, "hf-rope-ext eval", dtype="bfloat16", device="cpu")
-    assert {k: meta["provenance"][k] for k in ("dtype", "device")} == {"dtype": "bfloat16", "device": "cpu"}
-    assert meta["provenance"]["threads"] >= 1 and "commit" in meta["provenance"]
+def test_a_report_names_the_dtype_device_and_threads_it_ran_with(probe_llama, tmp_path):
+    """``eval --json`` (the default measures, which load the model in float32 on the CPU) records its provenance."""
+    from hf_rope_ext.cli import main
+
+    argv = ["eval", "--model", str(probe_llama), "--lengths", "256", "--documents", "1", "--passkey-depths", "0"]
+    assert main([*argv, "--no-progress", "--json", str(tmp_path / "r.json")]) == 0
+    found = json.loads((tmp_path / "r.json").read_text())["metadata"]["provenance"]
+    assert {k: found[k] for k in ("dtype", "device")} == {"dtype": "float32", "device": "cpu"}
+    assert found["threads"] >= 1 and found["commit"] and found["clean"] in (True, False, "unknown")

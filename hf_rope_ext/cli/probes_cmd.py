@@ -93,10 +93,8 @@ def run(args, path, adapter, lengths: list[int], requested) -> int:
     model = loading.load_model(path, requested, dtype=getattr(torch, args.dtype), adapter=adapter)
     model = model.merge_and_unload() if adapter is not None else model  # the probes read a plain model's cache
     tokenizer = loading.load_tokenizer(adapters.tokenizer_folder(path, adapter))
-    meta = metadata.run_metadata(path, args._command, adapter)
-    meta["provenance"] = metadata.provenance(
-        args.dtype, next(model.parameters()).device, [args.log] if args.log else []
-    )
+    device, written = next(model.parameters()).device, [args.log] if args.log else []
+    meta = metadata.run_metadata(path, args._command, adapter, dtype=args.dtype, device=device, exclude=written)
     params = rope_parameters_of(model)  # as the model reads them: an adapter's own, or the model's as saved
     cell = {k: meta[k] for k in ("model_sha256", "adapter_sha256")} | {"rope_parameters": params, "dtype": args.dtype}
     name = adapters.adapter_label(adapter) if adapter is not None else report_label(params)
@@ -106,8 +104,8 @@ def run(args, path, adapter, lengths: list[int], requested) -> int:
     for kind in args.probes:
         for n in lengths:
             found = probes.run_probes(model, tokenizer, split, kind, n, samples, log, not args.no_progress, **variant)
-            records.append({"rope_type": name, "factor": args.factor, **found, **cell, **variant})
-            records[-1]["provenance"] = meta["provenance"]
+            provenance = {"provenance": meta["provenance"]}
+            records.append({"rope_type": name, "factor": args.factor, **found, **cell, **variant, **provenance})
     print(probe_table(records))
     meta |= {"adapter_training_command": adapters.training_command(adapter)} if adapter is not None else {}
     writers = {

@@ -17,7 +17,9 @@ HASHED_SUFFIXES = (".safetensors", ".bin", ".gguf")  # and config.json: what dec
 PACKAGES = ("hf-rope-ext", "transformers", "torch", "peft", "accelerate")
 
 
-def run_metadata(model, command: str, adapter=None, data=None, dtype=None, device=None) -> dict:
+def run_metadata(model, command: str, adapter=None, data=None, dtype=None, device=None, exclude=()) -> dict:
+    """The record of a run (the module's docstring); ``exclude``: files the run writes into the checkout, whose
+    changes do not make its tree unclean."""
     return {
         "command": command,
         "model": str(model),
@@ -27,7 +29,7 @@ def run_metadata(model, command: str, adapter=None, data=None, dtype=None, devic
         "data": "the bundled evaluation split" if data is None else [str(d) for d in data],
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": {**{name: version(name) for name in PACKAGES}, "python": platform.python_version()},
-        "provenance": provenance(dtype, device),
+        "provenance": provenance(dtype, device, exclude),
     }
 
 
