@@ -32,7 +32,7 @@ from transformers.cache_utils import (
     StaticSlidingWindowLayer,
 )
 
-from ..attention.engine import rotated_cache
+from ..attention.engine import rotated_cache, static_rows
 from ..attention.layer import config_routes
 
 
@@ -101,6 +101,9 @@ class RotatedRows:
         for entry in self.rope_entries.values():
             entry.select(beam_idx)
 
+    def keep_static(self, call) -> None:
+        """After this layer's update, an eager attention call on its keys: static rows to keep (none here)."""
+
 
 class RotatingDynamicLayer(RotatedRows, DynamicLayer):
     """transformers' ``DynamicLayer`` keeping rotated rows: it appends, and can also be cropped and batch-edited."""
@@ -131,7 +134,53 @@ class RotatingDynamicSlidingWindowLayer(RotatingDynamicLayer, DynamicSlidingWind
 
 
 class RotatingStaticLayer(RotatedRows, StaticLayer):
-    """transformers' ``StaticLayer`` keeping rotated rows: it writes in place from its length on."""
+    """transformers' ``StaticLayer`` keeping rotated rows: it writes in place from its length on. Beside them, the
+    static rows a compiled step reads (``static_rows``): the keys turned as each attention call finds them written,
+    in buffers of the keys' size that keep their addresses; kept right through ``reset``, ``crop`` (rows past the
+    length are written again before they are seen) and ``reorder_cache``, dropped for good by ``offload`` (the keys
+    then move between devices: the step turns the cache itself), rebuilt by the next eager call where an update
+    went unturned."""
+
+    keeps_static_rows = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        rows = self.__dict__.get("_rope_static")
+        if rows is not None and not torch.compiler.is_compiling():  # traced: the attention call writes, on the device
+            if self.__dict__.get("_rope_pending"):  # the last update's rows were never turned
+                rows.valid = False
+            self.__dict__["_rope_pending"] = True
+        return super().update(key_states, value_states, *args, **kwargs)
+
+    def keep_static(self, call) -> None:
+        """Write the rows this update wrote, turned, into the static rows (all of them where absent or stale)."""
+        self.__dict__["_rope_pending"] = False
+        if not self.keeps_static_rows or self.__dict__.get("_rope_static_off") or not any(static_rows.wanted(call)):
+            return
+        rows, length = self.__dict__.get("_rope_static"), self.cumulative_length
+        if static_rows.fitting(rows, call, self.keys, self.values, length):
+            static_rows.write(rows, call, self.keys, self.values)
+        else:
+            self.__dict__["_rope_static"] = static_rows.build(call, self.keys, self.values, length, rows)
+
+    def lazy_initialization(self, *args, **kwargs) -> None:
+        super().lazy_initialization(*args, **kwargs)
+        self.__dict__.pop("_rope_static", None)
+
+    def reset(self) -> None:
+        super().reset()
+        self.__dict__["_rope_pending"] = False  # rows are written again from the first
+
+    def offload(self) -> None:
+        super().offload()
+        self.__dict__.pop("_rope_static", None)
+        self.__dict__["_rope_static_off"] = True
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        super().reorder_cache(beam_idx)
+        rows = self.__dict__.get("_rope_static")
+        if rows is not None:
+            static_rows.select(rows, beam_idx)
+            setattr(self.keys, static_rows.STATIC, rows)  # transformers' reorder made new keys
 
     if hasattr(StaticLayer, "crop"):  # the releases whose static layers can be cropped
 
@@ -141,7 +190,10 @@ class RotatingStaticLayer(RotatedRows, StaticLayer):
 
 
 class RotatingStaticSlidingWindowLayer(RotatingStaticLayer, StaticSlidingWindowLayer):
-    """transformers' ``StaticSlidingWindowLayer`` keeping rotated rows: written in place until it rolls."""
+    """transformers' ``StaticSlidingWindowLayer`` keeping rotated rows: written in place until it rolls. No static
+    rows: once full it rolls its keys, and a compiled step turns its window itself."""
+
+    keeps_static_rows = False
 
     def kept_rows(self, added: int) -> int:
         if not self.is_initialized:

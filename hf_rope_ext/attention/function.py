@@ -16,7 +16,7 @@ import torch
 
 from ..models import unsupported_reason
 from ..types import registry
-from .engine import fast, reference, rotated_cache, traced_step
+from .engine import fast, reference, rotated_cache, static_rows, traced_step
 from .engine.call import Call, crop_empty_slots, query_positions
 from .engine.temperature import temper
 from .layer import Layer, resolve
@@ -98,15 +98,20 @@ def causal_and_scale(module, call: Call, scaling, kwargs: dict) -> tuple[bool, f
 
 def attend_traced(layer: Layer, implementation: str, module, query, key, value, mask, scaling, dropout, kwargs):
     """``attend_layer`` while torch.compile traces the call: nothing read back from the device, no Python state
-    on tensors, shapes as they come (a static cache's unfilled slots stay, masked, never cut off). No rows are
-    remembered: the reference engine scores every band, its masks built from positions on the device (a banded
-    type's decode step: ``traced_step``, its near bands over the newest keys' slots alone)."""
+    on tensors, shapes as they come (a static cache's unfilled slots stay, masked, never cut off). The reference
+    engine scores every band, its masks built from positions on the device (a banded type's decode step:
+    ``traced_step``, its near bands over the newest keys' slots alone, the last band over a static cache layer's
+    turned rows where it keeps them: ``static_rows``, written here for the keys this update wrote)."""
     softcap = refuse_extras(module, layer.name, implementation, kwargs)
     mask = engine_mask(implementation, mask, query.shape[2], key.shape[2], kwargs, query.device, simplify=False)
+    static, written = static_rows.attached(key, layer.kept_tag(query.device)), (key, value)
     if mask is None:  # an empty static cache (several queries, more keys): the slots after the queries are unfilled
         key, value, _ = crop_empty_slots(query, key, value, None)
     check_window_mask(module, layer.name, mask, key, kwargs.get("sliding_window"))
     call = make_call(layer, module, query, key, value, mask, kwargs.get("position_ids"), None)
+    if static is not None:  # the keys this update wrote, turned into the static rows the step reads
+        call.static = static
+        static_rows.write(static, call, *written)
     causal, scale = causal_and_scale(module, call, scaling, kwargs)
     if traced_step.applies(call, dropout, module.training):  # a banded decode step: its near span gathered
         out = traced_step.run(call, mask, scale, dropout, module.training, softcap)
@@ -129,6 +134,8 @@ def attend_layer(
     attention_mask = causal_on_cache(attention_mask, query.shape[2], key.shape[2])  # unmasked plans on a cache
     check_window_mask(module, layer.name, attention_mask, key, kwargs.get("sliding_window"))
     call = make_call(layer, module, query, key, value, attention_mask, kwargs.get("position_ids"), memory)
+    if memory.layer is not None:  # a cache layer's own keys: its static rows written (a static cache's)
+        memory.layer.keep_static(call)
     causal, scale = causal_and_scale(module, call, scaling, kwargs)
     out = None
     if implementation != "eager":

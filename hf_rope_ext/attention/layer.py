@@ -119,6 +119,10 @@ class Layer:
         inv_freq, attention_factor = self.method.frequencies(config, device, length, self.layer_type)
         return inv_freq.double(), float(attention_factor) ** 2, self.tag(inv_freq.double()) if tagged else None
 
+    def kept_tag(self, device) -> tuple | None:
+        """The rotation's identity an earlier (eager) call on ``device`` computed, else None (fixed frequencies)."""
+        return None if self.method.dynamic else self.constants.get(("tag", device))
+
     def tag(self, inv_freq: torch.Tensor) -> tuple:
         return (self.name, tuple(inv_freq.tolist()), str(sorted(self.params.items())))
 

@@ -10,5 +10,7 @@
 - while torch.compile traces a call (``attention.function.attend_traced``), ``reference`` alone, with masks built
   from positions on the device;
 - ``decay_and_value_turns``: xPos's decay and RoPER's values as both engines apply them; ``rotated_cache``: rotated
-  rows remembered across decode steps. Rotations (float64 angles, either layout) are ``attention.rotation``'s.
+  rows remembered across decode steps; ``static_rows``: a static cache layer's keys turned as they are written, in
+  buffers of fixed shapes and addresses, for the compiled step. Rotations (float64 angles, either layout) are
+  ``attention.rotation``'s.
 """

@@ -34,6 +34,7 @@ class Call:
     tag: tuple  # the rotation's identity (type, frequencies, parameters): remembered rows are reused under it only
     score_scale: float = 1.0  # multiplies the softmax scale (a dynamic type's attention factor, squared)
     memory: Memory | None = None  # where rotated rows are remembered between calls (decode)
+    static: object = None  # a static cache layer's turned rows (``static_rows.StaticRows``), written as its keys are
     state: dict = field(default_factory=dict)  # what one engine computed once for all chunks
     constants: dict = field(default_factory=dict)  # values of the layer alone, kept with it across calls
 

@@ -55,6 +55,7 @@ class Memory:
 
     entries: dict
     trusted: bool  # True: kept valid by the cache layer that owns them (no comparison)
+    layer: object = None  # that cache layer (trusted), whose ``keep_static`` keeps its static rows
 
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> {purpose: Entry}: beside other caches
@@ -90,7 +91,7 @@ def kept_by_cache(keys: torch.Tensor) -> Memory | None:
     attention call per update), else None."""
     found = keys.__dict__.pop(LINK, None)
     layer = found() if found is not None else None
-    return Memory(layer.rope_entries, trusted=True) if layer is not None and layer.returned(keys) else None
+    return Memory(layer.rope_entries, trusted=True, layer=layer) if layer is not None and layer.returned(keys) else None
 
 
 def beside(module) -> Memory:

@@ -13,15 +13,17 @@ Attention's inter-chunk band). So here:
   unfilled end and any hole in the mask are served alike; min(N, kv) slots, a static shape under static shapes
   (nothing read back);
 - the gathered keys are scored by every band as the reference engine scores them (``reference.chunk_scores`` on the
-  call cut to those keys), the last band alone on every slot: ReRoPE's keys as cached, the others' scored turned by
-  the band's key positions without writing the turned keys (``traced_scores.turned_scores``);
+  call cut to those keys), the last band alone on every slot: ReRoPE's keys as cached, a static cache layer's keys as
+  it keeps them turned by the band's key positions, written when each key was (``static_rows``), and elsewhere
+  scored turned without writing the turned keys (``traced_scores.turned_scores``);
 - each part's scores are masked by the mask and by its own range (a slot within N in the far part, a gathered slot
   that repeats because fewer than N keys are visible: hidden), then one float32 softmax over [far | near] weighs the
   whole cache's values and the gathered ones (:func:`reference.weights`, as the reference engine's).
 
 A one-band form (xPos, RoPER, a frequency type rotated in attention) is that last band alone: xPos's key factors
-zeta^((m - n)/s) scale the turned keys' pairs (the query's factor is 1 for its own position), RoPER's values are summed
-turned (``traced_scores.turned_values``) and the sum turned back by the query's position.
+zeta^((m - n)/s) scale the turned keys' pairs (the query's factor is 1 for its own position), RoPER's values are read
+as a static cache layer keeps them turned or summed turned (``traced_scores.turned_values``), and the sum turned back
+by the query's position.
 
 Pairs are scored and weighed as the reference engine scores them; the order of the sums differs, and keys (RoPER's
 values) turned for the whole cache are not rounded to the cache's dtype before their products.
@@ -91,21 +93,27 @@ def band_mask(mask, band: torch.Tensor, dtype) -> torch.Tensor:
 
 def far_scores(call: Call) -> torch.Tensor:
     """q k^T [B, H, 1, kv] of the last band against every key slot, at the band's positions (keys at ``origin``: as
-    cached; the others scored turned, ``turned_scores``, xPos's key factors zeta^((m - n)/s) with them)."""
+    cached; a static cache layer's keys turned as they were written, ``static_rows``; the others scored turned,
+    ``turned_scores``, xPos's key factors zeta^((m - n)/s) with them)."""
     band = call.form.bands[-1]
     q = rotate(call.query, positions(band.query_position, call.q_pos, call.params), call.inv_freq)
     if band.key_position is origin:
         return grouped_product(q, call.key.transpose(-1, -2))
+    if call.static is not None and call.static.keys is not None:  # turned as they were written
+        return grouped_product(q, call.static.keys.narrow(2, 0, call.key.shape[2]).transpose(-1, -2))
     log_scale = None if call.form.decay is None else key_log_scale(call, call.k_pos, call.q_pos)  # query's: 1
     return turned_scores(q, call.key, positions(band.key_position, call.k_pos, call.params), call.inv_freq, log_scale)
 
 
 def far_values(call: Call, w: torch.Tensor) -> torch.Tensor:
     """weights [B, H, 1, kv] times every slot's value: [B, H, 1, dv] (RoPER: the values turned by their positions,
-    the sum turned back by the query's)."""
+    as written into a static cache layer's rows or summed turned, the sum turned back by the query's)."""
     if call.form.values is None:
         return grouped_product(w, call.value)
-    out = turned_values(w, call.value, call.k_pos, value_inv_freq(call))
+    if call.static is not None and call.static.values is not None:  # turned as they were written
+        out = grouped_product(w, call.static.values.narrow(2, 0, call.value.shape[2]))
+    else:
+        out = turned_values(w, call.value, call.k_pos, value_inv_freq(call))
     return turn_output_back(call, out, slice(0, 1))
 
 
