@@ -35,6 +35,7 @@ from hf_rope_ext.types import registry
 TYPES = sorted(m.name for m in registry.methods() if m.kind == "attention")
 KEPT = ["dual_chunk", "leaky_rerope", "roper", "self_extend", "string"]  # the types whose layers keep static rows
 MAX = 40  # a static cache's rows in the property test
+NEW = 16  # tokens a generate adds: past every window and two chunks of the types' parameters here
 
 
 def model_of(name: str, family: str = "llama", **overrides):
@@ -49,7 +50,7 @@ def generated(model, ids, mask, backend: str | None):
         config = CompileConfig(fullgraph=True, backend=backend)
         config._compile_all_devices = True  # transformers compiles the decode step on CPU too (its tests' switch)
         switch = {"compile_config": config}
-    options = dict(max_new_tokens=24, do_sample=False, pad_token_id=0, cache_implementation="static")
+    options = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0, cache_implementation="static")
     with torch.no_grad():
         return model.generate(
             ids, attention_mask=mask, **options, **switch, return_dict_in_generate=True, output_logits=True
@@ -96,14 +97,14 @@ def assert_compiled_is_uncompiled(model, ids, mask, backend: str) -> None:
     assert torch.equal(got.sequences, expected.sequences)
     torch.testing.assert_close(torch.stack(got.logits), torch.stack(expected.logits), rtol=0, atol=1e-5)
     if model.config.rope_parameters["rope_type"] in KEPT:
-        fed = torch.ones_like(got.sequences[:, :-1]) if mask is None else torch.ones(2, 23, dtype=mask.dtype)
+        fed = torch.ones_like(got.sequences[:, :-1]) if mask is None else torch.ones(2, NEW - 1, dtype=mask.dtype)
         written = fed if mask is None else torch.cat((mask, fed), dim=1)
         assert_rows_are_the_references(model, cache_of(got), written)
 
 
 @pytest.mark.parametrize("name", TYPES)
 def test_compiled_static_generate_gives_the_uncompiled_logits(name):
-    """Llama, aot_eager, fullgraph, 24 new tokens (past every window and two chunks). A second generate of another
+    """Llama, aot_eager, fullgraph. A second generate of another
     prompt (a new cache, new rows) compiles nothing anew."""
     torch._dynamo.reset()
     model = model_of(name)
@@ -172,7 +173,7 @@ def operate(model, cache, mask, op: str, rng: random.Random, g: torch.Generator)
     return mask
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize("name", KEPT)
 def test_static_rows_hold_the_reference_engines_rows_through_cache_operations(name, seed):
     """20 random operations on a rope_cache StaticCache of 40 rows, the rows checked after each."""
@@ -253,7 +254,7 @@ def test_a_sliding_window_static_layer_keeps_none_and_compiles_to_the_uncompiled
     """Mistral with a 9-token sliding window: its static layers roll once full, so they keep no static rows and the
     compiled step (dynamo's eager backend) turns the window's keys itself."""
     torch._dynamo.reset()
-    model = model_of("self_extend", "mistral", sliding_window=9)
+    model = model_of("self_extend", "mistral", sliding_window=9, num_hidden_layers=1)
     ids = torch.randint(3, 97, (2, 12), generator=torch.Generator().manual_seed(2))
     expected, got = generated(model, ids, None, None), generated(model, ids, None, "eager")
     assert torch.equal(got.sequences, expected.sequences)
