@@ -26,7 +26,8 @@ as a static cache layer keeps them turned or summed turned (``traced_scores.turn
 by the query's position.
 
 Pairs are scored and weighed as the reference engine scores them; the order of the sums differs, and keys (RoPER's
-values) turned for the whole cache are not rounded to the cache's dtype before their products.
+values) turned for the whole cache are not rounded to the cache's dtype before their products (a static cache layer's
+kept rows are, as the reference engine's).
 """
 
 from __future__ import annotations
