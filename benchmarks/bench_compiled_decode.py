@@ -3,7 +3,8 @@
     PYTHONPATH=. python benchmarks/bench_compiled_decode.py [--cached 32768] [--types rerope xpos] [--json PATH]
 
 1. ``graphed``: the attention module of ``bench_attention`` (32 / 8 heads, head_dim 128, ``--dtype``: bf16) on a
-   StaticCache holding ``--cached`` random tokens (the rotating one ``generate`` gives these types), its forward
+   StaticCache holding ``--cached`` random tokens (the rotating one ``generate`` gives these types) and one
+   uncompiled step on it (as ``generate``'s prefill: a static layer's turned rows written), its forward
    (projections, cache write, attention) compiled with ``torch.compile(fullgraph=True, mode=--mode)``: on CUDA
    ``reduce-overhead``, a CUDA graph replayed every step. First the check: the compiled first step against the same
    step uncompiled on a copy of the cache (max |error| / max |output|; past ``--bound`` the row says FAIL and the
@@ -90,7 +91,7 @@ def graphed_row(name: str, args) -> dict:
     dtype, head_dim = DTYPES[args.dtype], args.head_dim
     module = bench.attention_module(bench.TYPES[name], head_dim, args.device, dtype)
     module.config._attn_implementation = "sdpa"
-    room = args.cached + args.warmup + args.steps + 2
+    room = args.cached + args.warmup + args.steps + 3  # the uncompiled step, the checked one, the profiled one
     cache = hf_rope_ext.rope_cache(module.bench_config, max_cache_len=room)
     kv = [bench.random((1, bench.KV_HEADS, args.cached, head_dim), dtype, args.device, s) for s in (1, 2)]
     cache.update(*kv, module.layer_idx)
@@ -108,6 +109,8 @@ def graphed_row(name: str, args) -> dict:
         return hidden, pos, mask
 
     compiled = torch.compile(step, fullgraph=True, dynamic=False, **compile_options(args))
+    with torch.no_grad():
+        step(*inputs(), cache)  # uncompiled, as generate's prefill: a static layer's turned rows written
     first = inputs()
     with torch.no_grad():
         expected = step(*first, copy.deepcopy(cache)).float()

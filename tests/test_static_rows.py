@@ -260,3 +260,47 @@ def test_a_sliding_window_static_layer_keeps_none_and_compiles_to_the_uncompiled
     assert torch.equal(got.sequences, expected.sequences)
     torch.testing.assert_close(torch.stack(got.logits), torch.stack(expected.logits), rtol=0, atol=1e-5)
     assert all(layer.__dict__.get("_rope_static") is None for layer in cache_of(got).layers)
+
+
+def test_hf_rope_ext_list_names_the_rows_a_static_cache_keeps():
+    """``hf-rope-ext list``'s column against the buffers a prefill into a static cache leaves, type by type."""
+    from hf_rope_ext.cli.list_types import rows
+
+    listed = {row["rope_type"]: row["static_rows"] for row in rows()}
+    for name in TYPES:
+        model = model_of(name, num_hidden_layers=1)
+        cache = hf_rope_ext.rope_cache(model, max_cache_len=MAX)
+        forward(model, cache, torch.randint(3, 97, (2, 6)), torch.ones(2, 6, dtype=torch.long), False)
+        rows_kept = cache.layers[0].__dict__.get("_rope_static")
+        kept = [] if rows_kept is None else [k for k in ("keys", "values") if getattr(rows_kept, k) is not None]
+        assert listed[name] == kept, name
+    assert sorted(name for name in TYPES if listed[name]) == KEPT
+
+
+@pytest.mark.parametrize("name", ["self_extend", "roper"])
+def test_rope_cache_without_static_rows_keeps_none_and_steps_alike(name):
+    """``rope_cache(..., static_rows=False)``: no buffers after a prompt, and a traced step (the path a compiled step
+    takes, turning the cache itself) gives the logits of the same step on a cache that keeps them."""
+    model, g = model_of(name), torch.Generator().manual_seed(4)
+    ids, step = torch.randint(3, 97, (2, 9), generator=g), torch.randint(3, 97, (2, 1), generator=g)
+    logits = []
+    for keep in (True, False):
+        cache = hf_rope_ext.rope_cache(model, max_cache_len=MAX, static_rows=keep)
+        forward(model, cache, ids, torch.ones(2, 9, dtype=torch.long), False)
+        assert all((layer.__dict__.get("_rope_static") is not None) is keep for layer in cache.layers)
+        with torch.no_grad(), mock.patch.object(torch.compiler, "is_compiling", lambda: True):
+            out = model(step, position_ids=torch.full((2, 1), 9), **{hf_rope_ext.cache_keyword(model): cache})
+        logits.append(out.logits)
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "words"),
+    [
+        ({"static_rows": False}, ValueError, "static_rows=False applies to a static cache"),
+        ({"max_cache_len": 8, "static_rows": "no"}, TypeError, "static_rows='no'; allowed: True or False"),
+    ],
+)
+def test_rope_cache_refuses_a_static_rows_option_it_cannot_apply(options, error, words):
+    with pytest.raises(error, match=words):
+        hf_rope_ext.rope_cache(model_of("self_extend"), **options)

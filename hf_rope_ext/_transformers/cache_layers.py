@@ -230,13 +230,23 @@ def adopt(cache) -> bool:
     return changed
 
 
-def rope_cache(model, max_cache_len: int | None = None) -> Cache:
+def rope_cache(model, max_cache_len: int | None = None, static_rows: bool = True) -> Cache:
     """A cache for ``model`` (or its config): transformers' ``DynamicCache``, or its ``StaticCache`` of
     ``max_cache_len`` rows, whose layers keep the rotated rows when the config names one of the package's types
-    that rotate in the attention function (a stock model gets the stock cache; ``generate`` adopts its own)."""
+    that rotate in the attention function (a stock model gets the stock cache; ``generate`` adopts its own).
+
+    ``static_rows=False`` (a static cache only): its layers keep no turned keys beside their keys (``hf-rope-ext
+    list`` says which types keep them: one more key cache, RoPER's a value cache too); a compiled step then turns
+    every cached key at every step, slower, in the memory of the cache alone."""
+    if not isinstance(static_rows, bool):
+        raise TypeError(f"rope_cache: static_rows={static_rows!r}; allowed: True or False")
+    if not static_rows and max_cache_len is None:
+        raise ValueError("rope_cache: static_rows=False applies to a static cache; give max_cache_len too")
     config = getattr(model, "config", model)
     config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     cache = DynamicCache(config=config) if max_cache_len is None else StaticCache(config, max_cache_len)
     if config_routes(config):
         adopt(cache)
+    for layer in cache.layers if not static_rows else ():
+        layer.__dict__["_rope_static_off"] = True
     return cache

@@ -22,11 +22,20 @@ def _parameter(default) -> dict:
     return {"default": None if default is REQUIRED else default, "required": default is REQUIRED}
 
 
-def rows() -> list[dict]:
-    """One row per rope type: name, source, level, dynamic, parameters (default, required), summary.
+def static_rows(method) -> list[str]:
+    """What a static cache layer keeps turned beside its keys and values for ``method`` (``engine.static_rows``):
+    "keys" and "values", each one more tensor of the key (value) cache's size."""
+    if method.kind != "attention" or method.dynamic:
+        return []
+    return [name for name, kept in zip(("keys", "values"), method.attention.kept_turns, strict=True) if kept]
 
-    Read from the registry and the table of transformers' own types, without importing transformers (so ``list``
-    starts fast); tests check that it names exactly what ``ROPE_INIT_FUNCTIONS`` holds once the package is imported.
+
+def rows() -> list[dict]:
+    """One row per rope type: name, source, level, dynamic, parameters (default, required), the rows a static cache
+    keeps turned (``static_rows``), summary.
+
+    Read from the registry and the table of transformers' own types; tests check that it names exactly what
+    ``ROPE_INIT_FUNCTIONS`` holds once the package is imported.
     """
     load_methods()
     table = [
@@ -36,6 +45,7 @@ def rows() -> list[dict]:
             "level": m.kind,
             "dynamic": m.dynamic,
             "parameters": {k: _parameter(p.default) for k, p in type_spec(m.name)[0].items()},
+            "static_rows": static_rows(m),
             "summary": m.summary,
         }
         for m in methods()
@@ -48,6 +58,7 @@ def rows() -> list[dict]:
                 "level": "frequency",
                 "dynamic": name in ("dynamic", "longrope"),
                 "parameters": {k: _parameter(v) for k, v in params.items()},
+                "static_rows": [],
                 "summary": BUILTIN_SUMMARIES[name],
             }
         )
@@ -61,11 +72,15 @@ def _default_text(spec: dict) -> str:
 
 
 def markdown(table: list[dict]) -> str:
-    lines = ["| rope_type | from | level | parameters (default) | what it does |", "|---|---|---|---|---|"]
+    lines = [
+        "| rope_type | from | level | parameters (default) | a static cache keeps turned | what it does |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in table:
         params = ", ".join(f"`{k}` ({_default_text(v)})" for k, v in row["parameters"].items()) or "-"
         level = row["level"] + (", dynamic" if row["dynamic"] else "")
-        lines.append(f"| `{row['rope_type']}` | {row['source']} | {level} | {params} | {row['summary']} |")
+        kept = " and ".join(row["static_rows"]) or "-"
+        lines.append(f"| `{row['rope_type']}` | {row['source']} | {level} | {params} | {kept} | {row['summary']} |")
     return "\n".join(lines)
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..methods.form import PLAIN, origin
+from ..methods.form import PLAIN
 from ..rotation import rotate
 from .call import Call
 from .decay_and_value_turns import value_inv_freq
@@ -47,10 +47,9 @@ class StaticRows:
 def wanted(call: Call) -> tuple[bool, bool]:
     """(keys, values): whether ``call``'s form has keys turned by their own positions to keep (its last band's keys
     not read as cached, no decay, fixed frequencies) and values turned (RoPER)."""
-    form = call.form
-    if form is PLAIN or form.decay is not None or call.tag is None:
+    if call.form is PLAIN or call.tag is None:  # a frequency type rotated here, a dynamic one: nothing kept
         return False, False
-    return form.bands[-1].key_position is not origin, form.values is not None
+    return call.form.kept_turns
 
 
 def turned_keys(call: Call, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

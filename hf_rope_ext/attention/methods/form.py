@@ -79,6 +79,13 @@ class AttentionForm:
         """The far band of a two-band method (keys ``"beyond"`` the window), else None."""
         return next((b for b in self.bands if b.keys == "beyond"), None)
 
+    @property
+    def kept_turns(self) -> tuple[bool, bool]:
+        """(keys, values): what a static cache layer keeps turned as it writes them (``engine.static_rows``): the
+        keys turned by the last band's key positions unless that band reads them as cached (ReRoPE) or decays them by
+        a factor that follows the query (xPos); the values where they turn (RoPER)."""
+        return self.bands[-1].key_position is not origin and self.decay is None, self.values is not None
+
 
 PLAIN = AttentionForm()
 
