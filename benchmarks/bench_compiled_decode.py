@@ -40,6 +40,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import (
     AttentionInterface,
+    AttentionMaskInterface,
     AutoModelForCausalLM,
     CompileConfig,
     LlamaConfig,
@@ -47,12 +48,15 @@ from transformers import (
     StoppingCriteria,
     StoppingCriteriaList,
 )
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
 import hf_rope_ext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_attention as bench  # noqa: E402
 
+GQA_PLAIN = "default_gqa"  # plain RoPE through sdpa reading each kv head once: the GQA-aware plain step
+GQA_SDPA = "hf_rope_ext_bench_sdpa_gqa"  # its attention implementation
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 CHECK_FAILED = 3  # the exit status when a compiled step is off its uncompiled one (a crash exits 1)
 SHAPES = {  # Llama shapes: hidden, layers, heads, kv heads, intermediate, vocab
@@ -61,6 +65,27 @@ SHAPES = {  # Llama shapes: hidden, layers, heads, kv heads, intermediate, vocab
     "toy": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                 intermediate_size=96, vocab_size=97, head_dim=16),
 }  # fmt: skip
+
+
+def sdpa_gqa(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' sdpa step without its copy of the keys and values for every query head (``repeat_kv``, which
+    it makes whenever a mask is given): query [B, H, q, d] against key and value [B, Hkv, kv, d] (``enable_gqa``);
+    returns [B, q, H, d]."""
+    mask = None if attention_mask is None else attention_mask[:, :, :, : key.shape[-2]]
+    causal = mask is None and query.shape[2] > 1
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, is_causal=causal, enable_gqa=True
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def rope_of(name: str) -> dict:
+    """The rope parameters of row ``name`` (the GQA-aware plain row: plain RoPE's)."""
+    return bench.TYPES["default" if name == GQA_PLAIN else name]
+
+
+def attention_of(name: str) -> str:
+    return GQA_SDPA if name == GQA_PLAIN else "sdpa"
 
 
 def sync(device: str) -> None:
@@ -89,8 +114,8 @@ def compile_options(args) -> dict:
 def graphed_row(name: str, args) -> dict:
     """Check, time and profile ``name``'s compiled decode step (module docstring, 1)."""
     dtype, head_dim = DTYPES[args.dtype], args.head_dim
-    module = bench.attention_module(bench.TYPES[name], head_dim, args.device, dtype)
-    module.config._attn_implementation = "sdpa"
+    module = bench.attention_module(rope_of(name), head_dim, args.device, dtype)
+    module.config._attn_implementation = attention_of(name)
     room = args.cached + args.warmup + args.steps + 3  # the uncompiled step, the checked one, the profiled one
     cache = hf_rope_ext.rope_cache(module.bench_config, max_cache_len=room)
     kv = [bench.random((1, bench.KV_HEADS, args.cached, head_dim), dtype, args.device, s) for s in (1, 2)]
@@ -143,14 +168,15 @@ def model_of(name: str, args):
     """The generate pass's model: a saved one (``--model``, its rope switched to ``name`` with the benchmark's
     parameters) or a Llama of ``--model-shape`` with random weights, bf16, sdpa."""
     if args.model:
-        params = {k: v for k, v in bench.TYPES[name].items() if k != "rope_type"}
-        switched = name != "default"
+        params = {k: v for k, v in rope_of(name).items() if k != "rope_type"}
+        switched = rope_of(name)["rope_type"] != "default"
         rope = {"rope_parameters": hf_rope_ext.rope_parameters_for(args.model, name, **params)} if switched else {}
-        options = dict(dtype=DTYPES[args.dtype], attn_implementation="sdpa", **rope)
+        options = dict(dtype=DTYPES[args.dtype], attn_implementation=attention_of(name), **rope)
         return AutoModelForCausalLM.from_pretrained(args.model, **options).to(args.device).eval()
-    rope = {"rope_theta": 500000.0, **bench.TYPES[name]}
+    rope = {"rope_theta": 500000.0, **rope_of(name)}
     shape = SHAPES[args.model_shape]
     config = LlamaConfig(**shape, max_position_embeddings=4096, rope_parameters=rope, tie_word_embeddings=True)
+    config._attn_implementation = attention_of(name)
     torch.manual_seed(0)
     return LlamaForCausalLM(config).to(device=args.device, dtype=DTYPES[args.dtype]).eval()
 
@@ -207,26 +233,36 @@ def agreeing(got: torch.Tensor, expected: torch.Tensor, prompt: int) -> int:
     return int(same.cumprod(0).sum())
 
 
+def slower(r: dict, base: dict | None) -> str:
+    """How many times slower record ``r`` is than ``base`` of its pass (generate: base's tokens/s over r's)."""
+    if base is None:
+        return "-"
+    if r["pass"] == "graphed":
+        return f"{r['ms'] / base['ms']:.2f}"
+    rate, plain = r["tokens_per_s"], base["tokens_per_s"]
+    return f"{plain / rate:.2f}" if rate and plain else "nan"
+
+
 def table(records: list[dict]) -> list[str]:
-    """One row per record, each type's ratio to plain in its pass (time ratio; generate: plain's tokens/s over the
-    type's, so above 1 is slower either way)."""
-    head = "| pass | tokens | rope_type | ms/step or tokens/s (quartiles, samples) | x plain | check | kernels |"
-    lines = [head, "| --- " * 7 + "|"]
+    """One row per record, each type's ratio to plain and to the GQA-aware plain of its pass (where run), above 1
+    slower."""
+    head = "| pass | tokens | rope_type | ms/step or tokens/s (quartiles, samples) | x plain | x GQA plain | check |"
+    lines = [head + " kernels |", "| --- " * 8 + "|"]
     for r in records:
-        plain = next(p for p in records if p["pass"] == r["pass"] and p["rope_type"] == "default")
+        plain, gqa = (next((p for p in records if p["pass"] == r["pass"] and p["rope_type"] == t), None)
+                      for t in ("default", GQA_PLAIN))  # fmt: skip
         if r["pass"] == "graphed":
             q1, q3 = r["ms_quartiles"]
-            value, ratio = f"{r['ms']:.3f} ms ({q1:.3f}-{q3:.3f}, n={r['steps']})", r["ms"] / plain["ms"]
+            value = f"{r['ms']:.3f} ms ({q1:.3f}-{q3:.3f}, n={r['steps']})"
             check = f"{r['error']:.1e}" + ("" if r["ok"] else " FAIL")
         else:
-            rate, base = r["tokens_per_s"], plain["tokens_per_s"]
+            rate = r["tokens_per_s"]
             q1, q3 = r.get("tokens_per_s_quartiles", [rate, rate])
-            spread = f" ({q1:.1f}-{q3:.1f}, n={r.get('repeats', 1)})"
-            value, ratio = f"{rate or 0:.1f} tok/s{spread}", (base / rate if rate and base else float("nan"))
+            value = f"{rate or 0:.1f} tok/s ({q1:.1f}-{q3:.1f}, n={r.get('repeats', 1)})"
             n, agree = r["new_tokens"], r["tokens_agree"]
             check = "same tokens" if agree == n else f"same first {agree} of {n} tokens"
-        lines.append(f"| {r['pass']} | {r['tokens']} | {r['rope_type']} | {value} | {ratio:.2f} | {check} | "
-                     f"{r['kernels']} |")  # fmt: skip
+        lines.append(f"| {r['pass']} | {r['tokens']} | {r['rope_type']} | {value} | {slower(r, plain)} | "
+                     f"{slower(r, gqa)} | {check} | {r['kernels']} |")  # fmt: skip
     return lines
 
 
@@ -237,13 +273,14 @@ def parse(argv=None):
     parser.add_argument("--cached", type=int, default=32768, help="tokens in the StaticCache before the steps")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16", choices=list(DTYPES), help="of the module and the models")
-    parser.add_argument("--types", nargs="+", default=list(bench.TYPES), choices=list(bench.TYPES))
+    rows = [*bench.TYPES, GQA_PLAIN]
+    parser.add_argument("--types", nargs="+", default=rows, choices=rows)
     parser.add_argument("--warmup", type=int, default=3, help="compiled steps before timing (CUDA graph recorded)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps")
     parser.add_argument("--backend", default="inductor" if cuda else "eager")
     parser.add_argument("--mode", default="reduce-overhead" if cuda else None)
     parser.add_argument("--bound", type=float, default=2**-6, help="largest relative error of the compiled step")
-    parser.add_argument("--model-types", nargs="*", default=["rerope", "self_extend"], choices=list(bench.TYPES))
+    parser.add_argument("--model-types", nargs="*", default=["rerope", "self_extend"], choices=rows)
     parser.add_argument("--model-shape", default="1b", choices=list(SHAPES))
     parser.add_argument("--model", help="a saved model folder for the generate pass instead of --model-shape")
     parser.add_argument("--prompt", type=int, default=32768, help="prompt tokens of the generate pass")
@@ -268,6 +305,8 @@ def write(args, records: list[dict]) -> None:
 def main(argv=None) -> int:
     args = parse(argv)
     AttentionInterface.register(bench.TIMED, bench.timed_sdpa(args.device))  # the modules are built with it
+    AttentionInterface.register(GQA_SDPA, sdpa_gqa)
+    AttentionMaskInterface.register(GQA_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     records = []
     for name in args.types:
         records.append(graphed_row(name, args))

@@ -75,24 +75,46 @@ def test_compiled_decode_benchmark_checks_times_and_names_kernels_and_fails_loud
     out = tmp_path / "compiled.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_compiled_decode.py"), "--device", "cpu"]
     command += ["--cached", "40", "--head-dim", "16", "--steps", "1", "--warmup", "1", "--types", "self_extend"]
-    command += ["--model-types", "rerope", "--model-shape", "toy", "--prompt", "24", "--new-tokens", "3"]
+    command += ["default_gqa", "--model-types", "rerope", "default_gqa", "--model-shape", "toy", "--prompt", "24"]
+    command += ["--new-tokens", "3"]
     command += ["--bound", "0", "--json", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 3, done.stderr[-2000:]
     records = json.loads(out.read_text())["records"]
     assert [(r["pass"], r["rope_type"]) for r in records] == [
-        ("graphed", "default"), ("graphed", "self_extend"), ("generate", "default"), ("generate", "rerope")
+        ("graphed", "default"), ("graphed", "self_extend"), ("graphed", "default_gqa"),
+        ("generate", "default"), ("generate", "rerope"), ("generate", "default_gqa"),
     ]  # fmt: skip
     graphed = {r["rope_type"]: r for r in records if r["pass"] == "graphed"}
     assert graphed["default"]["ok"] and not graphed["self_extend"]["ok"] and graphed["self_extend"]["error"] < 2**-6
+    assert graphed["default_gqa"]["error"] < 2**-6
     assert all(r["kernels"] for r in records) and all(r["tokens_per_s"] > 0 for r in records if r["pass"] == "generate")
     assert all(r["steps"] == 1 and r["ms_quartiles"] == [r["ms"]] * 2 for r in graphed.values())
     assert all(r["tokens_agree"] == 3 for r in records if r["pass"] == "generate")
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_report.py"), str(tmp_path)], check=True, env=env)
     report = (tmp_path / "gpu.md").read_text()
     assert "Compiled decode" in report and "| graphed | 40 | self_extend |" in report and "FAIL" in report
-    assert ", n=1) |" in report
+    assert ", n=1) |" in report and "| graphed | 40 | default_gqa |" in report and "x GQA plain" in report
+
+
+def test_the_gqa_aware_plain_step_is_transformers_sdpa_step():
+    """bench_compiled_decode.sdpa_gqa (each kv head read once) against transformers' sdpa (repeat_kv), masked."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_compiled_decode as decode
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, n, 16, generator=g) for h, n in ((8, 3), (2, 11), (2, 11)))
+    mask = torch.rand(2, 1, 3, 13, generator=g) > 0.3  # wider than the keys, as a static cache's mask may be
+    mask[..., 0] = True
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal, module.training = 4, True, False
+    expected = sdpa_attention_forward(module, q, k, v, mask[..., :11], scaling=0.3)[0]
+    torch.testing.assert_close(decode.sdpa_gqa(module, q, k, v, mask, scaling=0.3)[0], expected)
 
 
 def test_training_benchmark_has_a_row_per_training_free_attention_type():
