@@ -309,10 +309,12 @@ def main(argv=None) -> int:
     AttentionMaskInterface.register(GQA_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     records = []
     for name in args.types:
+        torch._dynamo.reset()  # each row compiles afresh (the same step code, past dynamo's recompile limit else)
         records.append(graphed_row(name, args))
         print(f"  graphed {name}: {records[-1]['ms']:.3f} ms, error {records[-1]['error']:.1e}", flush=True)
         write(args, records)
     for name in args.model_types:
+        torch._dynamo.reset()
         records.append(generate_row(name, args))
         print(f"  generate {name}: {records[-1]['tokens_per_s']} tokens/s", flush=True)
         write(args, records)
