@@ -64,3 +64,19 @@ def test_the_ruler_controls_table_is_the_records():
         cells = [mine[task, n] for task in ("niah_single_1", "niah_multikey_2") for n in (4096, 8192)]
         assert all(r["n"] == 10 for r in cells)
         assert f"| {label} | " + " | ".join(shown(r) for r in cells) + " |" in page
+
+
+def test_the_static_rows_tables_are_the_records():
+    """docs/results/compiled-decode-cpu.md's static rows tables are what ``benchmarks/static_rows_report.py --write``
+    makes of the committed records, a row for every type of the registry's attention level and both plain steps."""
+    from hf_rope_ext.types import registry
+
+    path = ROOT / "benchmarks" / "static_rows_report.py"
+    spec = importlib.util.spec_from_file_location("static_rows_report", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    page = ROOT / "docs" / "results" / "compiled-decode-cpu.md"
+    attention = {m.name for m in registry.methods() if m.kind == "attention"}
+    for name, text in report.tables().items():
+        assert block(page, name) == text
+        assert {line.split(" | ")[0][2:] for line in text.splitlines()[2:]} == attention | {"default", "default_gqa"}

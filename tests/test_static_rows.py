@@ -304,3 +304,15 @@ def test_rope_cache_without_static_rows_keeps_none_and_steps_alike(name):
 def test_rope_cache_refuses_a_static_rows_option_it_cannot_apply(options, error, words):
     with pytest.raises(error, match=words):
         hf_rope_ext.rope_cache(model_of("self_extend"), **options)
+
+
+def test_inductor_in_bfloat16_steps_on_the_static_rows_within_rounding():
+    """inductor (what users compile with), bfloat16, RoPER (turned keys and turned values kept) on one Llama layer:
+    the first compiled step's logits within bfloat16 rounding of the uncompiled step's."""
+    torch._dynamo.reset()
+    model = model_of("roper", num_hidden_layers=1).to(torch.bfloat16)
+    ids = torch.randint(3, 97, (2, 12), generator=torch.Generator().manual_seed(5))
+    expected, got = generated(model, ids, None, None), generated(model, ids, None, "inductor")
+    assert torch.equal(got.sequences[:, :14], expected.sequences[:, :14])  # the prompt's token, the first step's
+    first, reference_first = got.logits[1].float(), expected.logits[1].float()  # the first compiled step's
+    assert (first - reference_first).abs().max() <= 2**-7 * reference_first.abs().max()

@@ -1,0 +1,87 @@
+"""The static rows' tables of docs/results/compiled-decode-cpu.md, made from the records of
+``bench_compiled_decode.py`` run before them and with them (the same script, the package at two commits).
+
+    PYTHONPATH=. python benchmarks/static_rows_report.py [--write]
+
+1. ``static-rows-module``: the attention module's compiled step at 32768 cached tokens, ms before and after, with
+   quartiles; after / before; the step against transformers' plain step and against the GQA-aware plain step of the
+   same run (``default_gqa``: sdpa reading each kv head once).
+2. ``static-rows-generate``: SmolLM2-135M-Instruct's compiled ``generate`` after an 8192-token prompt, decode tokens/s
+   before and after, the new tokens that agree with the uncompiled run's, the ratios to both plain steps, and the
+   prompt's seconds before and after (where a type was run before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "results" / "compiled-decode-cpu.md"
+RECORDS = PAGE.parent / "compiled-decode-cpu"
+MODULE = ("static-rows-before-b617055.json", "static-rows-1eaa1ca.json")
+GENERATE = ("smollm2-8k-static-rows-before-b617055.json", "smollm2-8k-static-rows-1eaa1ca.json")
+
+
+def records(name: str, kind: str) -> dict:
+    """rope_type -> record of the ``kind`` pass in record file ``name``."""
+    found = json.loads((RECORDS / name).read_text(encoding="utf-8"))["records"]
+    return {r["rope_type"]: r for r in found if r["pass"] == kind}
+
+
+def spread(value: float, quartiles: list[float]) -> str:
+    return f"{value:.1f} ({quartiles[0]:.1f}-{quartiles[1]:.1f})"
+
+
+def module_table() -> str:
+    """Times (lower is better): the after / before column is before's ms over after's."""
+    before, after = (records(name, "graphed") for name in MODULE)
+    plain, gqa = after["default"]["ms"], after["default_gqa"]["ms"]
+    lines = ["| rope_type | before, ms (quartiles) | static rows, ms (quartiles) | faster by | x plain | x GQA plain |"]
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, now in after.items():
+        old = before[name]
+        cells = [spread(old["ms"], old["ms_quartiles"]), spread(now["ms"], now["ms_quartiles"])]
+        ratios = [old["ms"] / now["ms"], now["ms"] / plain, now["ms"] / gqa]
+        lines.append(f"| {name} | {' | '.join(cells)} | {' | '.join(f'{x:.2f}' for x in ratios)} |")
+    return "\n".join(lines)
+
+
+def generate_table() -> str:
+    """Rates (higher is better): "x plain" is plain's tokens/s over the type's (above 1: slower than plain)."""
+    before, after = (records(name, "generate") for name in GENERATE)
+    plain, gqa = after["default"]["tokens_per_s"], after["default_gqa"]["tokens_per_s"]
+    head = "| rope_type | new tokens as uncompiled | before, tokens/s | static rows, tokens/s | faster by | x plain "
+    lines = [head + "| x GQA plain | prompt s, before / now |", "| --- |" + " ---: |" * 7]
+    for name, now in after.items():
+        old, rate = before.get(name), now["tokens_per_s"]
+        was = spread(old["tokens_per_s"], old["tokens_per_s_quartiles"]) if old else "-"
+        gain = f"{rate / old['tokens_per_s']:.2f}" if old else "-"
+        prompt = f"{old['prefill_s']:.1f} / {now['prefill_s']:.1f}" if old else f"- / {now['prefill_s']:.1f}"
+        agree = f"{now['tokens_agree']} of {now['new_tokens']}"
+        cells = [agree, was, spread(rate, now["tokens_per_s_quartiles"]), gain, f"{plain / rate:.2f}"]
+        lines.append(f"| {name} | {' | '.join(cells)} | {gqa / rate:.2f} | {prompt} |")
+    return "\n".join(lines)
+
+
+def tables() -> dict[str, str]:
+    return {"static-rows-module": module_table(), "static-rows-generate": generate_table()}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help=f"also write the tables into {PAGE.relative_to(ROOT)}")
+    args = parser.parse_args(argv)
+    spec = importlib.util.spec_from_file_location("glance", ROOT / "experiments" / "results_at_a_glance.py")
+    glance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(glance)
+    for block, text in tables().items():
+        print(text, end="\n\n")
+        if args.write:
+            glance.replace_block(PAGE, block, text)
+
+
+if __name__ == "__main__":
+    main()
