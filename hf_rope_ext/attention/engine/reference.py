@@ -45,9 +45,9 @@ def positions(position_fn, p: torch.Tensor, params: dict) -> torch.Tensor:
 
 def band_keys(call: Call) -> list[torch.Tensor]:
     """Each band's keys [B, Hkv, kv, d], rotated by its key positions (rotated once per call, shared by chunks; at
-    ``origin``, as cached)."""
+    ``origin``, as cached; by a key position in ``call.state["turned"]``, the keys given there)."""
     if "keys" not in call.state:
-        done = {origin: call.key}
+        done = {origin: call.key, **call.state.get("turned", {})}
         for band in call.form.bands:  # bands sharing a key position (Dual Chunk Attention's) share the rotation
             if band.key_position not in done:
                 at = positions(band.key_position, call.k_pos, call.params)

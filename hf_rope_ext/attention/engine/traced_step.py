@@ -119,9 +119,14 @@ def far_values(call: Call, w: torch.Tensor) -> torch.Tensor:
 
 
 def near_scores(call: Call, slots: torch.Tensor) -> torch.Tensor:
-    """q k^T [B, H, 1, n] of the keys at ``slots``, each pair in its band (the reference engine's choice)."""
-    k_pos = call.k_pos.gather(1, slots)
-    near = dataclasses.replace(call, key=gather_slots(call.key, slots), state={"k_pos": k_pos}, memory=None)
+    """q k^T [B, H, 1, n] of the keys at ``slots``, each pair in its band (the reference engine's choice); a near
+    band turning keys as the last band does (Dual Chunk Attention's, all at n mod c) reads a static cache layer's
+    kept rows at those slots instead of turning the gathered keys."""
+    state = {"k_pos": call.k_pos.gather(1, slots)}
+    if call.static is not None and call.static.keys is not None:
+        kept = call.static.keys.narrow(2, 0, call.key.shape[2])
+        state["turned"] = {call.form.bands[-1].key_position: gather_slots(kept, slots)}
+    near = dataclasses.replace(call, key=gather_slots(call.key, slots), state=state, memory=None)
     return chunk_scores(near, slice(0, 1))
 
 
