@@ -9,6 +9,7 @@
 2. ``static-rows-generate``: SmolLM2-135M-Instruct's compiled ``generate`` after an 8192-token prompt, decode tokens/s
    before and after, the new tokens that agree with the uncompiled run's, the ratios to both plain steps, and the
    prompt's seconds before and after (where a type was run before).
+3. ``near-rows``: Dual Chunk Attention's near bands reading the kept rows, against the static rows' runs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ PAGE = ROOT / "docs" / "results" / "compiled-decode-cpu.md"
 RECORDS = PAGE.parent / "compiled-decode-cpu"
 MODULE = ("static-rows-before-b617055.json", "static-rows-1eaa1ca.json")
 GENERATE = ("smollm2-8k-static-rows-before-b617055.json", "smollm2-8k-static-rows-1eaa1ca.json")
+NEAR = ("dual-chunk-near-7f06f97.json", "smollm2-8k-dual-chunk-near-7f06f97.json")  # the near bands' rows kept
 
 
 def records(name: str, kind: str) -> dict:
@@ -66,8 +68,22 @@ def generate_table() -> str:
     return "\n".join(lines)
 
 
+def near_table() -> str:
+    """Dual Chunk Attention's near bands read from the kept rows: its module step and SmolLM2's decode against the
+    static rows' run (its near keys then turned at every step), plain and Self-Extend of the same runs."""
+    module = [records(name, "graphed") for name in (MODULE[1], NEAR[0])]
+    generate = [records(name, "generate") for name in (GENERATE[1], NEAR[1])]
+    head = "| rope_type | module, ms: static rows / near rows kept "
+    lines = [head + "| SmolLM2, tokens/s: static rows / near rows kept |", "| --- | ---: | ---: |"]
+    for name in ("default", "self_extend", "dual_chunk"):
+        ms = [spread(run[name]["ms"], run[name]["ms_quartiles"]) for run in module]
+        rates = [spread(run[name]["tokens_per_s"], run[name]["tokens_per_s_quartiles"]) for run in generate]
+        lines.append(f"| {name} | {' / '.join(ms)} | {' / '.join(rates)} |")
+    return "\n".join(lines)
+
+
 def tables() -> dict[str, str]:
-    return {"static-rows-module": module_table(), "static-rows-generate": generate_table()}
+    return {"static-rows-module": module_table(), "static-rows-generate": generate_table(), "near-rows": near_table()}
 
 
 def main(argv=None) -> None:
