@@ -316,3 +316,9 @@ def test_inductor_in_bfloat16_steps_on_the_static_rows_within_rounding():
     assert torch.equal(got.sequences[:, :14], expected.sequences[:, :14])  # the prompt's token, the first step's
     first, reference_first = got.logits[1].float(), expected.logits[1].float()  # the first compiled step's
     assert (first - reference_first).abs().max() <= 2**-7 * reference_first.abs().max()
+
+
+def test_rope_cache_without_static_rows_leaves_a_stock_models_cache_stock():
+    """A model of plain RoPE gets transformers' own StaticCache, its layers as transformers made them."""
+    cache = hf_rope_ext.rope_cache(tiny_model("llama", attn_implementation="sdpa"), max_cache_len=8, static_rows=False)
+    assert all(type(layer) is StaticLayer and "_rope_static_off" not in vars(layer) for layer in cache.layers)

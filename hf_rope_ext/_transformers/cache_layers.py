@@ -248,5 +248,6 @@ def rope_cache(model, max_cache_len: int | None = None, static_rows: bool = True
     if config_routes(config):
         adopt(cache)
     for layer in cache.layers if not static_rows else ():
-        layer.__dict__["_rope_static_off"] = True
+        if isinstance(layer, RotatingStaticLayer):  # a stock model's layers are left as transformers made them
+            layer.__dict__["_rope_static_off"] = True
     return cache
