@@ -27,7 +27,7 @@ import json
 import sys
 from pathlib import Path
 
-from hf_rope_ext.eval import paired, probes, splits
+from hf_rope_ext.eval import probes, splits
 from hf_rope_ext.eval.adapters import training_command
 from hf_rope_ext.eval.intervals import score, shown, verdict
 from hf_rope_ext.eval.metadata import folder_hash
@@ -133,8 +133,7 @@ CONFIGURATION = {"se": "self_extend", "se-lora": "self_extend + LoRA"}  # headli
 def dev_shown(rerun: dict | None, first: dict | None) -> str:
     """The dev cell re-run under ``is_hit`` where logged, else the first record, marked *."""
     if rerun is not None:
-        by_prompt = " (by prompt)" if rerun.get("interval_kind") == "cluster bootstrap" else ""
-        return shown(rerun) + by_prompt + progress(rerun)
+        return shown(rerun) + controls.by_prompt_mark(rerun) + progress(rerun)
     return shown(dev_of(first)) + " *" if first is not None else "-"
 
 
@@ -151,7 +150,7 @@ def dev_records(tokenizer, cell: str) -> dict:
             record = probes.aggregate("dev", probe, LENGTH, [x["probes"] for *_, x in found], tokens)
             if probe == "multikey":  # keys of one prompt are not independent draws: the interval is by prompt
                 per_prompt = [(sum(hit for *_, hit in x["probes"]), len(x["probes"])) for *_, x in found]
-                record |= {"interval": paired.cluster_bootstrap(per_prompt), "interval_kind": "cluster bootstrap"}
+                record |= controls.by_prompt(per_prompt)
             command = DEV_EVAL.format(model=MODEL, flags=TEST_CELLS[cell][2], probe=probe, n=n, cell=cell)
             run = controls.commits([x.get("provenance") for *_, x in found])
             out[f"dev-rerun:{cell}:{probe}"] = [record | {"planned": n, "command": command, "run": run}]

@@ -102,8 +102,18 @@ def scored(keys: list[dict], probe: str, rule: str = "hit") -> dict:
         prompts = sorted({k["prompt"] for k in keys})
         per_prompt = [(sum(k[rule] for k in keys if k["prompt"] == p), sum(k["prompt"] == p for k in keys))
                       for p in prompts]  # fmt: skip
-        record |= {"interval": paired.cluster_bootstrap(per_prompt), "interval_kind": "cluster bootstrap"}
+        record |= by_prompt(per_prompt)
     return record | {"prompts": len({k["prompt"] for k in keys}), "planned": SAMPLES[probe]}
+
+
+def by_prompt(per_prompt: list[tuple[int, int]]) -> dict:
+    """The interval of a count over prompts of several keys, from (hits, keys) per prompt: the cluster bootstrap."""
+    return {"interval": paired.cluster_bootstrap(per_prompt), "interval_kind": "cluster bootstrap"}
+
+
+def by_prompt_mark(record: dict) -> str:
+    """The mark "(by prompt)" after a count whose interval is the cluster bootstrap, else nothing."""
+    return " (by prompt)" if record.get("interval_kind") == "cluster bootstrap" else ""
 
 
 def pair(first: list[dict], second: list[dict]) -> dict:
@@ -129,8 +139,7 @@ def cell_shown(record: dict) -> str:
     if not record["n"]:
         return "-"
     so_far = "" if record["prompts"] >= record["planned"] else f" ({record['prompts']} of {record['planned']} so far)"
-    by_prompt = " (by prompt)" if record.get("interval_kind") == "cluster bootstrap" else ""
-    return shown(record) + by_prompt + so_far
+    return shown(record) + by_prompt_mark(record) + so_far
 
 
 RECORDED_AS = {"se-32768": "test:se", "se-lora-32768": "test:se-lora"}  # the held-out 4x records keep their names

@@ -85,3 +85,19 @@ def test_the_pages_show_the_table_of_the_committed_records(headline, page):
     shown = text.split("<!-- results:start -->\n")[1].split("\n<!-- results:end -->")[0]
     assert shown == headline.table(done, headline.choose(done)).strip()
     assert "test, 4x (held out)" in shown and done["test:se:multikey"][0]["split"] == "test"
+
+
+@pytest.mark.parametrize("cell", ["se", "se-lora"])
+def test_a_dev_rerun_multikey_count_and_interval_are_by_prompt_from_its_log(headline, cell):
+    """The committed ``dev-rerun:<cell>:multikey`` record against its log read here: hits by ``is_hit`` on the logged
+    answers, the interval the cluster bootstrap over the logged prompts (three keys each)."""
+    from hf_rope_ext.eval import paired, probes
+
+    done = json.loads((headline.RESULTS / "results.json").read_text())
+    record = done[f"dev-rerun:{cell}:multikey"][0]
+    lines = (headline.RESULTS / f"dev-probes-{cell}.jsonl").read_text().splitlines()
+    asked = [json.loads(x)["probes"] for x in lines if "/k3/" in json.loads(x)["prompt_id"]]
+    per_prompt = [(sum(probes.is_hit(key, answer) for _, key, answer, _ in keys), len(keys)) for keys in asked]
+    assert (record["hits"], record["n"]) == (sum(h for h, _ in per_prompt), sum(n for _, n in per_prompt))
+    assert record["interval"] == list(paired.cluster_bootstrap(per_prompt))
+    assert record["interval_kind"] == "cluster bootstrap" and "(by prompt)" in headline.dev_shown(record, None)
