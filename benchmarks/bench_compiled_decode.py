@@ -21,7 +21,10 @@
    where rounding does not part them; the graphed check above is the bound). Then decode tokens/s =
    (N - 1) / (time from the first new token to the N-th), each stamped as ``generate`` chooses it (a stopping
    criterion that never stops, the device synchronized), so the prompt's forward is not in it; ``--repeats`` runs
-   after the compiled run of N (the median, with its quartiles; the prompt's forward is recorded apart).
+   after the compiled run of N (the median, with its quartiles; the prompt's forward is recorded apart), and as many
+   uncompiled ones (the eager step through ``generate``: ``eager_tokens_per_s``). ``--prompt-once`` (long prompts on
+   a slow machine): each row reads its prompt once, into one static cache (``hf_rope_ext.rope_cache``); every later
+   run crops it back to the prompt less its last token and reads that token alone before its steps.
 On a CPU (``--device cpu``: toy sizes, the tests) transformers is told to compile too (``_compile_all_devices``)
 with ``--backend`` (default ``eager``) and no mode.
 """
@@ -37,6 +40,7 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 from torch.profiler import ProfilerActivity, profile
 from transformers import (
     AttentionInterface,
@@ -48,6 +52,7 @@ from transformers import (
     StoppingCriteria,
     StoppingCriteriaList,
 )
+from transformers.cache_utils import StaticLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
 import hf_rope_ext
@@ -57,6 +62,7 @@ import bench_attention as bench  # noqa: E402
 
 GQA_PLAIN = "default_gqa"  # plain RoPE through sdpa reading each kv head once: the GQA-aware plain step
 GQA_SDPA = "hf_rope_ext_bench_sdpa_gqa"  # its attention implementation
+EAGER = {"disable_compile": True, "compile_config": None}  # generate's switches for an uncompiled run
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 CHECK_FAILED = 3  # the exit status when a compiled step is off its uncompiled one (a crash exits 1)
 SHAPES = {  # Llama shapes: hidden, layers, heads, kv heads, intermediate, vocab
@@ -194,37 +200,59 @@ class Stamps(StoppingCriteria):
 
 
 def generate_row(name: str, args) -> dict:
-    """Decode tokens/s of ``generate(cache_implementation="static")`` (module docstring, 2)."""
+    """Decode tokens/s of ``generate`` on a static cache, compiled and eager (module docstring, 2)."""
     model = model_of(name, args)
     ids = torch.randint(3, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0))
-    ids = ids.to(args.device)
-    options = dict(do_sample=False, pad_token_id=0, cache_implementation="static")
+    run = generate_runs(model, ids.to(args.device), args)
+    first_prompt_s, uncompiled, eager = timed(run, args.device, **EAGER)
+    compiled = timed(run, args.device)[1]  # compiles the decode step
+    runs = [timed(run, args.device) for _ in range(args.repeats)]  # (prompt s, tokens, tokens/s)
+    eager_rates = [eager] + [timed(run, args.device, **EAGER)[2] for _ in range(args.repeats - 1)]
+    kernels = kernels_ran(run, args.device)
+    rates, prompt_s = [r[2] for r in runs], statistics.median(r[0] for r in runs)
+    prompt_s = first_prompt_s if args.prompt_once else prompt_s  # the runs after the first read one token
+    what = {"pass": "generate", "tokens": args.prompt, "new_tokens": args.new_tokens, "rope_type": name}
+    what.update(dtype=args.dtype, prompt_once=args.prompt_once, prefill_s=prompt_s)
+    spread = {"tokens_per_s": statistics.median(rates), "tokens_per_s_quartiles": quartiles(rates, 1.0)}
+    eager = {"eager_tokens_per_s": statistics.median(eager_rates), "eager_quartiles": quartiles(eager_rates, 1.0)}
+    agree = agreeing(compiled, uncompiled, ids.shape[1])
+    checks = {"repeats": len(rates), "tokens_agree": agree, "kernels": kernels}
+    return {**what, "shape": args.model or args.model_shape, **spread, **eager, **checks}
+
+
+def generate_runs(model, ids: torch.Tensor, args):
+    """``run(stamps=None, **switch)``: ``generate`` of ``--new-tokens`` greedy tokens after ``ids`` [1, P] on a
+    static cache. ``--prompt-once``: one cache (``hf_rope_ext.rope_cache``) reads the prompt in the first run; each
+    later run cuts it back to the prompt less its last token (``crop``) and reads that token alone before its steps."""
+    options = dict(do_sample=False, pad_token_id=0, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
     if not args.device.startswith("cuda"):
         config = CompileConfig(fullgraph=True, backend=args.backend)
         config._compile_all_devices = True
         options["compile_config"] = config
+    held = hf_rope_ext.rope_cache(model, max_cache_len=args.prompt + args.new_tokens) if args.prompt_once else None
 
-    def run(tokens: int, **switch) -> torch.Tensor:
+    def run(stamps=None, **switch) -> torch.Tensor:
+        if held is None:
+            switch = {"cache_implementation": "static", **switch}
+        else:
+            held.crop(min(0, ids.shape[1] - 1 - int(held.get_seq_length())))  # a static layer crops by -tokens
+            switch = {hf_rope_ext.cache_keyword(model): held, **switch}
+        criteria = {} if stamps is None else {"stopping_criteria": StoppingCriteriaList([stamps])}
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **{**options, **switch})
+            out = model.generate(ids, **{**options, **criteria, **switch})
         sync(args.device)
         return out
 
-    uncompiled = run(args.new_tokens, disable_compile=True, compile_config=None)
-    agree = agreeing(run(args.new_tokens), uncompiled, ids.shape[1])  # compiles the decode step
-    rates, prefill = [], []
-    for _ in range(args.repeats):
-        stamps = Stamps(args.device)
-        start = time.perf_counter()
-        run(args.new_tokens, stopping_criteria=StoppingCriteriaList([stamps]))
-        rates.append((len(stamps.times) - 1) / (stamps.times[-1] - stamps.times[0]))
-        prefill.append(stamps.times[0] - start)
-    kernels = kernels_ran(lambda: run(args.new_tokens), args.device)
-    what = {"pass": "generate", "tokens": args.prompt, "new_tokens": args.new_tokens, "rope_type": name}
-    what["dtype"] = args.dtype
-    spread = {"tokens_per_s_quartiles": quartiles(rates, 1.0), "repeats": len(rates)}
-    timed = {"prefill_s": statistics.median(prefill), "tokens_per_s": statistics.median(rates), **spread}
-    return {**what, "shape": args.model or args.model_shape, **timed, "tokens_agree": agree, "kernels": kernels}
+    return run
+
+
+def timed(run, device: str, **switch) -> tuple[float, torch.Tensor, float]:
+    """(seconds to the first new token, the tokens, decode tokens/s: (N - 1) / (time from the first new token to the
+    N-th)) of ``run(stamps, **switch)``."""
+    stamps = Stamps(device)
+    start = time.perf_counter()
+    out = run(stamps, **switch)
+    return stamps.times[0] - start, out, (len(stamps.times) - 1) / (stamps.times[-1] - stamps.times[0])
 
 
 def agreeing(got: torch.Tensor, expected: torch.Tensor, prompt: int) -> int:
@@ -259,6 +287,7 @@ def table(records: list[dict]) -> list[str]:
             rate = r["tokens_per_s"]
             q1, q3 = r.get("tokens_per_s_quartiles", [rate, rate])
             value = f"{rate or 0:.1f} tok/s ({q1:.1f}-{q3:.1f}, n={r.get('repeats', 1)})"
+            value += f"; eager {r['eager_tokens_per_s']:.1f}" if "eager_tokens_per_s" in r else ""
             n, agree = r["new_tokens"], r["tokens_agree"]
             check = "same tokens" if agree == n else f"same first {agree} of {n} tokens"
         lines.append(f"| {r['pass']} | {r['tokens']} | {r['rope_type']} | {value} | {slower(r, plain)} | "
@@ -285,9 +314,12 @@ def parse(argv=None):
     parser.add_argument("--model", help="a saved model folder for the generate pass instead of --model-shape")
     parser.add_argument("--prompt", type=int, default=32768, help="prompt tokens of the generate pass")
     parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=1, help="timed pairs of generate runs (1 and N tokens)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed generate runs, compiled and eager each")
+    parser.add_argument("--prompt-once", action="store_true", help="read the prompt once per row, crop after runs")
     parser.add_argument("--json", help="also write every record here")
     args = parser.parse_args(argv)
+    if args.prompt_once and not hasattr(StaticLayer, "crop"):
+        parser.error(f"--prompt-once crops a static cache; transformers {transformers.__version__} cannot")
     args.types = ["default", *(t for t in args.types if t != "default")]
     args.model_types = ["default", *(t for t in args.model_types if t != "default")] if args.model_types else []
     return args
@@ -297,7 +329,7 @@ def write(args, records: list[dict]) -> None:
     """The records so far and their table into ``--json`` (after every row: a run cut off keeps what it measured)."""
     if args.json:
         device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-        meta = {"device": device, "torch": torch.__version__, "transformers": __import__("transformers").__version__}
+        meta = {"device": device, "torch": torch.__version__, "transformers": transformers.__version__}
         done = {**meta, "records": records, "table": table(records)}
         Path(args.json).write_text(json.dumps(done, indent=2), encoding="utf-8")
 

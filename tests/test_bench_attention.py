@@ -98,6 +98,31 @@ def test_compiled_decode_benchmark_checks_times_and_names_kernels_and_fails_loud
     assert ", n=1) |" in report and "| graphed | 40 | default_gqa |" in report and "x GQA plain" in report
 
 
+def test_compiled_decode_benchmark_reads_the_prompt_once_and_times_the_eager_step(tmp_path):
+    """``--prompt-once``: one static cache per row, cropped back to the prompt less its last token before each run
+    after the first; the compiled runs from the cropped cache choose the tokens the first, uncompiled run from the
+    whole prompt chose, and the eager step is timed beside the compiled one. Where transformers' static layers cannot
+    be cropped the option is refused, naming the version."""
+    from transformers.cache_utils import StaticLayer
+
+    out = tmp_path / "once.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_compiled_decode.py"), "--device", "cpu"]
+    command += ["--cached", "8", "--head-dim", "16", "--steps", "1", "--warmup", "1", "--types", "default"]
+    command += ["--model-types", "self_extend", "--model-shape", "toy", "--prompt", "24", "--new-tokens", "5"]
+    command += ["--repeats", "2", "--dtype", "float32", "--prompt-once", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    if not hasattr(StaticLayer, "crop"):
+        assert done.returncode == 2 and "--prompt-once crops a static cache; transformers" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [r for r in json.loads(out.read_text())["records"] if r["pass"] == "generate"]
+    assert [r["rope_type"] for r in rows] == ["default", "self_extend"] and all(r["prompt_once"] for r in rows)
+    assert all(r["tokens_agree"] == 5 and r["repeats"] == 2 for r in rows)
+    assert all(r["eager_tokens_per_s"] > 0 and len(r["eager_quartiles"]) == 2 for r in rows)
+    assert "; eager " in json.loads(out.read_text())["table"][-1]
+
+
 def test_the_gqa_aware_plain_step_is_transformers_sdpa_step():
     """bench_compiled_decode.sdpa_gqa (each kv head read once) against transformers' sdpa (repeat_kv), masked."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
