@@ -113,7 +113,8 @@ def table(done: dict, chosen: dict) -> str:
                 f"| {c['retention']} | {c['mcnemar']} | {TARGETS[kind]:.0%} | {met} |"
             )
     chose = ", ".join(f"{kind}: `{name}`" for kind, name in chosen.items())
-    return "\n".join(lines) + "\n\n" + NOTES.format(chose=chose) + "\n"
+    starred = STARRED if any(line.split(" | ")[2].endswith(" *") for line in lines[2:]) else ""
+    return "\n".join(lines) + "\n\n" + NOTES.format(chose=chose) + starred + "\n"
 
 
 NOTES = (
@@ -124,9 +125,9 @@ NOTES = (
     ' a cluster bootstrap over prompts (percentile, 10,000 resamples, seed 20261129). "Same keys at 1x": the test '
     "prompts told in 8192 tokens (the model's training length) with the same keys, objects, wordings and depths. "
     "Retention: 4x hits over the model as saved's 1x hits, on the keys asked at both. The column after it: keys "
-    "found only at 4x (+) and only by the model as saved at 1x (-), with the exact McNemar p. Dev cells marked * "
-    "were scored by the first rule (the answer starts with the key, 6 tokens generated)."
+    "found only at 4x (+) and only by the model as saved at 1x (-), with the exact McNemar p."
 )
+STARRED = " Dev cells marked * were scored by the first rule (the answer starts with the key, 6 tokens generated)."
 CONFIGURATION = {"se": "self_extend", "se-lora": "self_extend + LoRA"}  # headline_controls' configuration names
 
 
