@@ -85,9 +85,20 @@ def sdpa_gqa(module, query, key, value, attention_mask, scaling=None, dropout=0.
     return out.transpose(1, 2).contiguous(), None
 
 
-def rope_of(name: str) -> dict:
-    """The rope parameters of row ``name`` (the GQA-aware plain row: plain RoPE's)."""
-    return bench.TYPES["default" if name == GQA_PLAIN else name]
+def rope_of(name: str, args) -> dict:
+    """The rope parameters of row ``name`` (the GQA-aware plain row: plain RoPE's), with ``--rope-param``'s values
+    for the keys it has."""
+    params = bench.TYPES["default" if name == GQA_PLAIN else name]
+    return {**params, **{k: v for k, v in args.rope_param.items() if k in params}}
+
+
+def rope_param(text: str) -> tuple[str, float]:
+    """``KEY=VALUE`` (a number) of ``--rope-param``."""
+    key, _, value = text.partition("=")
+    try:
+        return key, float(value) if "." in value else int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rope-param {text!r}: expected KEY=NUMBER, e.g. window=16") from None
 
 
 def attention_of(name: str) -> str:
@@ -120,7 +131,7 @@ def compile_options(args) -> dict:
 def graphed_row(name: str, args) -> dict:
     """Check, time and profile ``name``'s compiled decode step (module docstring, 1)."""
     dtype, head_dim = DTYPES[args.dtype], args.head_dim
-    module = bench.attention_module(rope_of(name), head_dim, args.device, dtype)
+    module = bench.attention_module(rope_of(name, args), head_dim, args.device, dtype)
     module.config._attn_implementation = attention_of(name)
     room = args.cached + args.warmup + args.steps + 3  # the uncompiled step, the checked one, the profiled one
     cache = hf_rope_ext.rope_cache(module.bench_config, max_cache_len=room)
@@ -159,7 +170,7 @@ def graphed_row(name: str, args) -> dict:
             times.append(time.perf_counter() - start)
         kernels = kernels_ran(lambda: compiled(*inputs(), cache), args.device)
     what = {"pass": "graphed", "tokens": args.cached, "rope_type": name, "mode": args.mode, "backend": args.backend}
-    what["dtype"] = args.dtype
+    what.update(dtype=args.dtype, rope_parameters=rope_of(name, args))
     spread = {"ms": 1e3 * statistics.median(times), "ms_quartiles": quartiles(times), "steps": len(times)}
     return {**what, **spread, "error": error, "ok": error <= args.bound, "kernels": kernels}
 
@@ -174,12 +185,12 @@ def model_of(name: str, args):
     """The generate pass's model: a saved one (``--model``, its rope switched to ``name`` with the benchmark's
     parameters) or a Llama of ``--model-shape`` with random weights, bf16, sdpa."""
     if args.model:
-        params = {k: v for k, v in rope_of(name).items() if k != "rope_type"}
-        switched = rope_of(name)["rope_type"] != "default"
+        params = {k: v for k, v in rope_of(name, args).items() if k != "rope_type"}
+        switched = rope_of(name, args)["rope_type"] != "default"
         rope = {"rope_parameters": hf_rope_ext.rope_parameters_for(args.model, name, **params)} if switched else {}
         options = dict(dtype=DTYPES[args.dtype], attn_implementation=attention_of(name), **rope)
         return AutoModelForCausalLM.from_pretrained(args.model, **options).to(args.device).eval()
-    rope = {"rope_theta": 500000.0, **rope_of(name)}
+    rope = {"rope_theta": 500000.0, **rope_of(name, args)}
     shape = SHAPES[args.model_shape]
     config = LlamaConfig(**shape, max_position_embeddings=4096, rope_parameters=rope, tie_word_embeddings=True)
     config._attn_implementation = attention_of(name)
@@ -212,7 +223,7 @@ def generate_row(name: str, args) -> dict:
     rates, prompt_s = [r[2] for r in runs], statistics.median(r[0] for r in runs)
     prompt_s = first_prompt_s if args.prompt_once else prompt_s  # the runs after the first read one token
     what = {"pass": "generate", "tokens": args.prompt, "new_tokens": args.new_tokens, "rope_type": name}
-    what.update(dtype=args.dtype, prompt_once=args.prompt_once, prefill_s=prompt_s)
+    what.update(dtype=args.dtype, rope_parameters=rope_of(name, args), prompt_once=args.prompt_once, prefill_s=prompt_s)
     spread = {"tokens_per_s": statistics.median(rates), "tokens_per_s_quartiles": quartiles(rates, 1.0)}
     eager = {"eager_tokens_per_s": statistics.median(eager_rates), "eager_quartiles": quartiles(eager_rates, 1.0)}
     agree = agreeing(compiled, uncompiled, ids.shape[1])
@@ -316,8 +327,14 @@ def parse(argv=None):
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=1, help="timed generate runs, compiled and eager each")
     parser.add_argument("--prompt-once", action="store_true", help="read the prompt once per row, crop after runs")
+    parser.add_argument("--rope-param", type=rope_param, action="append", default=[], metavar="KEY=VALUE",
+                        help="set this rope parameter of every row that has it (e.g. window=16)")  # fmt: skip
     parser.add_argument("--json", help="also write every record here")
     args = parser.parse_args(argv)
+    args.rope_param = dict(args.rope_param)
+    known = sorted({key for params in bench.TYPES.values() for key in params} - {"rope_type"})
+    for key in sorted(set(args.rope_param) - set(known)):
+        parser.error(f"--rope-param {key}: no row has it; allowed: {', '.join(known)}")
     if args.prompt_once and not hasattr(StaticLayer, "crop"):
         parser.error(f"--prompt-once crops a static cache; transformers {transformers.__version__} cannot")
     args.types = ["default", *(t for t in args.types if t != "default")]

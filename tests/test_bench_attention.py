@@ -101,8 +101,9 @@ def test_compiled_decode_benchmark_checks_times_and_names_kernels_and_fails_loud
 def test_compiled_decode_benchmark_reads_the_prompt_once_and_times_the_eager_step(tmp_path):
     """``--prompt-once``: one static cache per row, cropped back to the prompt less its last token before each run
     after the first; the compiled runs from the cropped cache choose the tokens the first, uncompiled run from the
-    whole prompt chose, and the eager step is timed beside the compiled one. Where transformers' static layers cannot
-    be cropped the option is refused, naming the version."""
+    whole prompt chose, and the eager step is timed beside the compiled one; ``--rope-param`` sets a parameter of the
+    rows that have it (refused without a number). Where transformers' static layers cannot be cropped
+    ``--prompt-once`` is refused, naming the version."""
     from transformers.cache_utils import StaticLayer
 
     out = tmp_path / "once.json"
@@ -111,13 +112,18 @@ def test_compiled_decode_benchmark_reads_the_prompt_once_and_times_the_eager_ste
     command += ["--model-types", "self_extend", "--model-shape", "toy", "--prompt", "24", "--new-tokens", "5"]
     command += ["--repeats", "2", "--dtype", "float32", "--prompt-once", "--json", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    refused = subprocess.run([*command, "--rope-param", "window"], capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "--rope-param 'window': expected KEY=NUMBER" in refused.stderr
+    refused = subprocess.run([*command, "--rope-param", "windw=3"], capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "--rope-param windw: no row has it; allowed: chunk_size" in refused.stderr
+    done = subprocess.run([*command, "--rope-param", "window=3"], capture_output=True, text=True, env=env, timeout=600)
     if not hasattr(StaticLayer, "crop"):
         assert done.returncode == 2 and "--prompt-once crops a static cache; transformers" in done.stderr
         return
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [r for r in json.loads(out.read_text())["records"] if r["pass"] == "generate"]
     assert [r["rope_type"] for r in rows] == ["default", "self_extend"] and all(r["prompt_once"] for r in rows)
+    assert [r["rope_parameters"].get("window") for r in rows] == [None, 3]  # set where the type has it
     assert all(r["tokens_agree"] == 5 and r["repeats"] == 2 for r in rows)
     assert all(r["eager_tokens_per_s"] > 0 and len(r["eager_quartiles"]) == 2 for r in rows)
     assert "; eager " in json.loads(out.read_text())["table"][-1]
