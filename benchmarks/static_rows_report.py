@@ -10,6 +10,8 @@
    before and after, the new tokens that agree with the uncompiled run's, the ratios to both plain steps, and the
    prompt's seconds before and after (where a type was run before).
 3. ``near-rows``: Dual Chunk Attention's near bands reading the kept rows, against the static rows' runs.
+4. ``prompt-once``: SmolLM2's ``generate`` after 8192 and 32768-token prompts, each row's prompt read once
+   (``--prompt-once``): compiled and eager decode tokens/s with their ratios to plain's of the same run.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ PAGE = ROOT / "docs" / "results" / "compiled-decode-cpu.md"
 RECORDS = PAGE.parent / "compiled-decode-cpu"
 MODULE = ("static-rows-before-b617055.json", "static-rows-1eaa1ca.json")
 GENERATE = ("smollm2-8k-static-rows-before-b617055.json", "smollm2-8k-static-rows-1eaa1ca.json")
+ONCE = ("smollm2-8k-prompt-once-09f8d2f.json", "smollm2-32k-prompt-once-09f8d2f.json")  # shortest prompt first
 NEAR = ("dual-chunk-near-7f06f97.json", "smollm2-8k-dual-chunk-near-7f06f97.json")  # the near bands' rows kept
 
 
@@ -82,8 +85,29 @@ def near_table() -> str:
     return "\n".join(lines)
 
 
+def once_table() -> str:
+    """Rates (higher is better): "x plain" is plain's tokens/s over the type's, compiled against compiled (plain as
+    transformers runs it, and GQA-aware) and eager against eager."""
+    head = "| prompt | rope_type | new tokens as uncompiled | compiled, tokens/s | x plain | x GQA plain "
+    lines = [head + "| eager, tokens/s | eager x plain eager | prompt s |", "| ---: | --- |" + " ---: |" * 7]
+    for name in ONCE:
+        run = records(name, "generate")
+        plain, gqa = run["default"], run["default_gqa"]
+        for rope_type, r in run.items():
+            rate, eager = r["tokens_per_s"], r["eager_tokens_per_s"]
+            compiled = [
+                spread(rate, r["tokens_per_s_quartiles"]),
+                *(f"{p['tokens_per_s'] / rate:.2f}" for p in (plain, gqa)),
+            ]
+            uncompiled = [spread(eager, r["eager_quartiles"]), f"{plain['eager_tokens_per_s'] / eager:.2f}"]
+            cells = [str(r["tokens"]), rope_type, f"{r['tokens_agree']} of {r['new_tokens']}", *compiled, *uncompiled]
+            lines.append(f"| {' | '.join(cells)} | {r['prefill_s']:.0f} |")
+    return "\n".join(lines)
+
+
 def tables() -> dict[str, str]:
-    return {"static-rows-module": module_table(), "static-rows-generate": generate_table(), "near-rows": near_table()}
+    made = {"static-rows-module": module_table(), "static-rows-generate": generate_table(), "near-rows": near_table()}
+    return {**made, "prompt-once": once_table()} if ONCE else made
 
 
 def main(argv=None) -> None:
