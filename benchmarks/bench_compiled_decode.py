@@ -215,13 +215,14 @@ def generate_row(name: str, args) -> dict:
     model = model_of(name, args)
     ids = torch.randint(3, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0))
     run = generate_runs(model, ids.to(args.device), args)
-    first_prompt_s, uncompiled, eager = timed(run, args.device, **EAGER)
+    first_prompt_s, uncompiled, first_eager = timed(run, args.device, **EAGER)
     compiled = timed(run, args.device)[1]  # compiles the decode step
     runs = [timed(run, args.device) for _ in range(args.repeats)]  # (prompt s, tokens, tokens/s)
-    eager_rates = [eager] + [timed(run, args.device, **EAGER)[2] for _ in range(args.repeats - 1)]
+    eager_rates = [first_eager] + [timed(run, args.device, **EAGER)[2] for _ in range(args.repeats - 1)]
     kernels = kernels_ran(run, args.device)
-    rates, prompt_s = [r[2] for r in runs], statistics.median(r[0] for r in runs)
-    prompt_s = first_prompt_s if args.prompt_once else prompt_s  # the runs after the first read one token
+    rates = [r[2] for r in runs]
+    # --prompt-once: the runs after the first read one token, so the prompt's time is the first run's
+    prompt_s = first_prompt_s if args.prompt_once else statistics.median(r[0] for r in runs)
     what = {"pass": "generate", "tokens": args.prompt, "new_tokens": args.new_tokens, "rope_type": name}
     what.update(dtype=args.dtype, rope_parameters=rope_of(name, args), prompt_once=args.prompt_once, prefill_s=prompt_s)
     spread = {"tokens_per_s": statistics.median(rates), "tokens_per_s_quartiles": quartiles(rates, 1.0)}

@@ -107,7 +107,7 @@ def once_table() -> str:
 
 def tables() -> dict[str, str]:
     made = {"static-rows-module": module_table(), "static-rows-generate": generate_table(), "near-rows": near_table()}
-    return {**made, "prompt-once": once_table()} if ONCE else made
+    return {**made, "prompt-once": once_table()}
 
 
 def main(argv=None) -> None:

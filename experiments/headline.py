@@ -101,11 +101,12 @@ def table(done: dict, chosen: dict) -> str:
         "| same keys at 1x, model as saved | retention | 4x vs as saved at 1x | target | on test |",
         "|---|---|---|---|---|---|---:|---|---:|---|",
     ]
-    columns = controls.headline_columns(controls.keys_of(done))
+    columns, dev_shown_cells = controls.headline_columns(controls.keys_of(done)), []
     for cell, (kind, dev_key, _) in TEST_CELLS.items():
         dev = dev_cells(done).get(dev_key, {})
         for probe in SAMPLES:
             shown_dev = dev_shown(done.get(f"dev-rerun:{cell}:{probe}", [None])[0], dev.get(probe))
+            dev_shown_cells.append(shown_dev)
             c = columns[CONFIGURATION[cell], probe]
             met = verdict(c["record"], TARGETS[kind]) if c["record"]["n"] else "-"
             lines.append(
@@ -113,8 +114,14 @@ def table(done: dict, chosen: dict) -> str:
                 f"| {c['retention']} | {c['mcnemar']} | {TARGETS[kind]:.0%} | {met} |"
             )
     chose = ", ".join(f"{kind}: `{name}`" for kind, name in chosen.items())
-    starred = STARRED if any(line.split(" | ")[2].endswith(" *") for line in lines[2:]) else ""
-    return "\n".join(lines) + "\n\n" + NOTES.format(chose=chose) + starred + "\n"
+    return "\n".join(lines) + "\n\n" + notes(chose, dev_shown_cells) + "\n"
+
+
+def notes(chose: str, dev_shown_cells: list[str]) -> str:
+    """The table's notes: what was chosen and how every count is scored; the first rule's note while a dev cell
+    scored by it (marked *) is shown."""
+    starred = any(text.endswith(" *") for text in dev_shown_cells)
+    return NOTES.format(chose=chose) + (STARRED if starred else "")
 
 
 NOTES = (

@@ -101,3 +101,9 @@ def test_a_dev_rerun_multikey_count_and_interval_are_by_prompt_from_its_log(head
     assert (record["hits"], record["n"]) == (sum(h for h, _ in per_prompt), sum(n for _, n in per_prompt))
     assert record["interval"] == list(paired.cluster_bootstrap(per_prompt))
     assert record["interval_kind"] == "cluster bootstrap" and "(by prompt)" in headline.dev_shown(record, None)
+
+
+def test_the_first_rules_note_is_shown_while_a_dev_cell_scored_by_it_is(headline):
+    """The note on starred dev cells follows the cells: present with one marked *, absent without."""
+    assert headline.notes("x", ["10/10 [0.72, 1.00] *", "-"]).endswith(headline.STARRED)
+    assert "marked *" not in headline.notes("x", ["10/10 [0.72, 1.00]", "9/12 [0.50, 1.00] (by prompt)"])
