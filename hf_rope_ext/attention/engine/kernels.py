@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 from torch.nn import functional as F
 
-from . import dense_ops
+from . import dense_ops, split_keys
 from .flex import compiled_flex_kernel
 from .piece import Piece, expand_heads, needs_grad
 
@@ -96,17 +96,28 @@ def cpu_flash(q, k, v, piece: Piece, scale: float) -> tuple[torch.Tensor, torch.
     c, kv = q.shape[2], k.shape[2]
     RAN["cpu_flash"] += 1
     causal, mask = piece.top_left_causal(), piece.dense_mask()
-    if mask is None and not causal and piece.cuts(c, kv):
+    windowed = mask is None and not causal and piece.cuts(c, kv)
+    if windowed:  # hidden by -inf: a row hidden from a whole part would take lse 0 from the kernel, so never split
         allowed = piece.allowed(c, kv, q.device)
         mask = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
     groups = q.shape[1] // k.shape[1]
     if c == 1 and groups > 1 and (mask is None or mask.shape[1] == 1) and not needs_grad(q, k, v):
         # one query (decode): the query heads of a kv head become rows of one problem, faster than one-row problems
         b = q.shape[0]
-        out, lse = _flash(q.reshape(b, k.shape[1], groups, -1), k, v, 0.0, False, attn_mask=mask, scale=scale)
+        out, lse = flash_no_grad(q.reshape(b, k.shape[1], groups, -1), k, v, mask, False, scale, not windowed)
         return out.reshape(b, q.shape[1], 1, -1), lse.reshape(b, q.shape[1], 1)
     if needs_grad(q, k, v):  # kv heads expanded inside (the kernel's backward takes equal head counts only)
         return FlashLse.apply(q, k, v, mask, causal, scale)
+    return flash_no_grad(q, k, v, mask, causal, scale, not windowed)
+
+
+def flash_no_grad(q, k, v, mask, causal: bool, scale: float, split: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU kernel's (out, lse) without autograd; a decode piece's keys split into parts (``split_keys``) where
+    ``split`` allows (its mask, if any, hides with a finite minimum: the engine's rules and padding)."""
+    count = split_keys.parts(q, k, causal) if split else 1
+    if count > 1:
+        RAN["cpu_flash_split"] += 1
+        return split_keys.split_flash(_flash, q, k, v, mask, scale, count)
     return _flash(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
 
 

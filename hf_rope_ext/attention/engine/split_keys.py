@@ -1,0 +1,66 @@
+"""A decode piece on the CPU split along its keys: the parts as the batch of one kernel call, merged by their
+log-sum-exps (flash-decoding's split, for the CPU kernel).
+
+torch's CPU flash kernel shares its work among threads by (batch row, head, query block). A decode piece has one
+query block, and the engine groups the query heads of a kv head into rows of one problem, so a step of SmolLM2 (3 kv
+heads) gives the kernel three tasks: two threads take two rounds, one thread idle in the second. Cut into S parts
+of L = kv // S keys, laid as S batch rows of one call (views of the keys, no copy), the kernel has S times the tasks;
+the last kv mod S keys are one more small piece. S depends on the number of keys alone (``parts``), not on the
+threads, so a result does not change with the machine's thread count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .piece import needs_grad
+
+PART_KEYS = 2048  # the fewest keys of a part
+MOST_PARTS = 16
+MOST_ROWS = 64  # query rows of a piece split (a decode step's: its query heads per kv head, times its bands)
+
+
+def parts(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
+    """How many parts the keys of q [B, H, c, d] against k [B, Hkv, kv, d] are split into (1: not split): a single
+    batch row of a few query rows, no causal flag, no autograd, outside a compiled graph."""
+    c, kv = q.shape[2], k.shape[2]
+    if q.shape[0] != 1 or c > MOST_ROWS or causal or needs_grad(q, k) or torch.compiler.is_compiling():
+        return 1
+    return max(1, min(MOST_PARTS, kv // PART_KEYS))
+
+
+def split_view(x: torch.Tensor, count: int, length: int) -> torch.Tensor:
+    """x [1, h, n >= count * length, e] -> [count, h, length, e]: part s holds rows [s * length, (s + 1) * length)
+    (a view)."""
+    return x[0].narrow(1, 0, count * length).unflatten(1, (count, length)).transpose(0, 1)
+
+
+def merge_parts(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [S, H, c, dv], lse [S, H, c] float32) of S disjoint key sets -> the union's ([1, H, c, dv] in out's dtype,
+    [1, H, c]); a row that sees no key in any part gives 0 and -inf (as ``lse.merge``)."""
+    top = lse.amax(0, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    weights = torch.exp(lse - top)  # [S, H, c]
+    total = weights.sum(0, keepdim=True)
+    norm = weights / total.clamp(min=torch.finfo(torch.float32).tiny)
+    merged = (out.float() * norm[..., None]).sum(0, keepdim=True)
+    return merged.to(out.dtype), top + torch.log(total)
+
+
+def split_flash(flash, q, k, v, mask, scale: float, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flash(q, k, v, 0.0, False, attn_mask=mask, scale=scale)`` [:2] with the keys in ``count`` parts (module
+    docstring); q [1, H, c, d], k / v [1, Hkv, kv, *], mask None or [1, 1 or H, c, kv] hiding with a finite minimum
+    (a row hidden from a whole part by -inf would take lse 0 there, as if it saw keys scoring 0)."""
+    kv = k.shape[2]
+    length = kv // count
+    head = count * length
+    split_mask = None if mask is None else split_view(mask.transpose(2, 3), count, length).transpose(2, 3)
+    batch = q.expand(count, *q.shape[1:])
+    out, lse = flash(batch, split_view(k, count, length), split_view(v, count, length), 0.0, False,
+                     attn_mask=split_mask, scale=scale)[:2]  # fmt: skip
+    if head < kv:  # the last keys: one more part
+        rest_mask = None if mask is None else mask.narrow(3, head, kv - head)
+        rest = flash(q, k.narrow(2, head, kv - head), v.narrow(2, head, kv - head), 0.0, False,
+                     attn_mask=rest_mask, scale=scale)[:2]  # fmt: skip
+        out, lse = torch.cat((out, rest[0])), torch.cat((lse, rest[1]))
+    return merge_parts(out, lse)
