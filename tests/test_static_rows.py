@@ -236,15 +236,19 @@ def test_a_traced_step_makes_no_tensor_of_the_key_cache_size(name):
     assert big == [] and len(big) <= len(plain_big), (big, plain_big)
 
 
-@pytest.mark.parametrize("name", ["xpos", "rerope", "self_extend"])
+@pytest.mark.parametrize("name", ["xpos", "rerope", "self_extend", "dual_chunk"])
 def test_only_the_types_and_layers_that_can_keep_static_rows_keep_them(name):
-    """xPos (its key factor follows the query) and ReRoPE (its far band reads keys as cached) keep none; an offloaded
-    layer drops its rows for good (its keys move between devices)."""
+    """xPos (its key factor follows the query) keeps nothing, ReRoPE (its far band reads keys as cached) its near
+    table alone, Self-Extend rows and table, Dual Chunk Attention rows alone; an offloaded layer drops them for good
+    (its keys move between devices)."""
     model = model_of(name)
     cache = hf_rope_ext.rope_cache(model, max_cache_len=MAX)
     forward(model, cache, torch.randint(3, 97, (2, 6)), torch.ones(2, 6, dtype=torch.long), False)
     layer = cache.layers[0]
-    assert (layer.__dict__.get("_rope_static") is not None) is (name in KEPT)
+    rows = layer.__dict__.get("_rope_static")
+    kept = {"xpos": None, "rerope": (False, False, True), "self_extend": (True, False, True)}
+    assert (rows if rows is None else static_rows.held(rows)) == kept.get(name, (True, False, False))
+    assert rows is None or rows.near is None or rows.near is cache.layers[1].__dict__["_rope_static"].near
     layer.offload()
     forward(model, cache, torch.randint(3, 97, (2, 1)), torch.ones(2, 7, dtype=torch.long), False)
     assert layer.__dict__.get("_rope_static") is None

@@ -13,7 +13,7 @@ import torch
 from conftest import ENGINE_PARAMS, ENGINE_PARAMS_WITH_DYNAMIC_YARN, tiny_model, with_rope
 
 from hf_rope_ext.attention import function
-from hf_rope_ext.attention.engine import decay_and_value_turns, reference, traced_step
+from hf_rope_ext.attention.engine import decay_and_value_turns, reference, rotated_cache, static_rows, traced_step
 from hf_rope_ext.types import registry
 
 BANDED = sorted(m.name for m in registry.methods() if m.kind == "attention" and len(m.attention.bands) > 1)
@@ -99,6 +99,35 @@ def assert_bfloat16_within_rounding(module) -> None:
 def test_a_traced_decode_step_equals_the_reference_engine(name, span, mask_name):
     """float32, GQA (4 / 2 heads), two batch rows; near spans shorter than, within and longer than the cache."""
     assert_traced_is_the_reference(module_of(name, span), masks()[mask_name])
+
+
+TWO_BAND = [name for name in BANDED if registry.get_method(name).attention.far is not None]
+
+
+def with_near_table(module, q, k, v, mask, pos) -> None:
+    """Link to ``k`` what a static cache layer keeps for this step: the near table alone (no turned rows)."""
+    memory = rotated_cache.Memory({}, trusted=True)  # as a cache layer's call: the rotation tagged
+    call = function.make_call(function.resolve(module), module, q, k, v, mask, pos, memory)
+    assert static_rows.wanted(call)[2]
+    rows = static_rows.StaticRows(call.tag, torch.tensor(KV), None, None, near=static_rows.near_table(call))
+    setattr(k, static_rows.STATIC, rows)
+
+
+@pytest.mark.parametrize("mask_name", list(masks()))
+@pytest.mark.parametrize("span", list(SPANS))
+@pytest.mark.parametrize("name", TWO_BAND)
+def test_the_window_turned_by_the_near_table_equals_the_reference_engine(name, span, mask_name):
+    """A static cache layer's near table: the window's keys turned by distance alone (q . R(-i) k), float32 within
+    2e-6 of the reference engine (holes, padding, per-head biases, a window longer than the cache)."""
+    module, mask = module_of(name, span), masks()[mask_name]
+    q, k, v = step_inputs()
+    pos = positions_of(mask, 2)
+    expected = function.attend("eager", module, q, k, v, mask, position_ids=pos)[0]
+    with_near_table(module, q, k, v, mask, pos)
+    with mock.patch.object(traced_step, "window_scores", wraps=traced_step.window_scores) as used:
+        got = traced(module, q, k, v, mask, position_ids=pos)
+    assert used.called
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
 
 
 @pytest.mark.parametrize("name", BANDED)

@@ -37,14 +37,10 @@ def split_view(x: torch.Tensor, count: int, length: int) -> torch.Tensor:
 
 def merge_parts(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [S, H, c, dv], lse [S, H, c] float32) of S disjoint key sets -> the union's ([1, H, c, dv] in out's dtype,
-    [1, H, c]); a row that sees no key in any part gives 0 and -inf (as ``lse.merge``)."""
-    top = lse.amax(0, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    weights = torch.exp(lse - top)  # [S, H, c]
-    total = weights.sum(0, keepdim=True)
-    norm = weights / total.clamp(min=torch.finfo(torch.float32).tiny)
-    merged = (out.float() * norm[..., None]).sum(0, keepdim=True)
-    return merged.to(out.dtype), top + torch.log(total)
+    [1, H, c]). Every lse is finite (no mask, or one hiding with a finite minimum: ``split_flash``)."""
+    total = torch.logsumexp(lse, 0, keepdim=True)  # [1, H, c]
+    weights = torch.exp(lse - total)[..., None]  # [S, H, c, 1] float32, summing to 1 over the parts
+    return (out * weights).sum(0, keepdim=True).to(out.dtype), total
 
 
 def split_flash(flash, q, k, v, mask, scale: float, count: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,16 +18,22 @@ The buffers are reached from the keys tensor itself (attribute :data:`STATIC`, s
 torch.compile reads and guards like any attribute); keys transformers replaces (``offload``, a new initialization)
 carry none, and the step then turns the cache as before (``traced_scores``). Rows are turned at the positions the
 engine gives cached keys (``call.key_positions``): consecutive up to the newest query's, skipping the hidden ones.
+
+Beside them, a two-band type's near table (:func:`near_table`): with those positions the i-th newest visible key
+stands at distance i from the query, so the near band's R(m) q . R(m - i) k = q . R(-i) k, a turn by distance alone;
+the step turns the window's keys by the table's cos and -sin, forming no angle (ReRoPE, which keeps no rows, keeps
+this table alone). One table per rotation and window, shared by the layers.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 
-from ..methods.form import PLAIN
-from ..rotation import rotate
+from ..methods.form import PLAIN, Band
+from ..rotation import cos_sin, rotate
 from .call import Call
 from .decay_and_value_turns import value_inv_freq
 from .reference import positions as band_positions
@@ -42,14 +48,33 @@ class StaticRows:
     keys: torch.Tensor | None  # [B, Hkv, max_cache_len, d]: each key turned by the last band's key position
     values: torch.Tensor | None  # [B, Hkv, max_cache_len, dv]: RoPER's values turned by their positions
     valid: bool = True  # False: some written row was not turned (the step turns the cache itself)
+    near: torch.Tensor | None = None  # [2, w, r/2] float32: cos, -sin of distances 0 .. w - 1 (``near_table``)
 
 
-def wanted(call: Call) -> tuple[bool, bool]:
-    """(keys, values): whether ``call``'s form has keys turned by their own positions to keep (its last band's keys
-    not read as cached, no decay, fixed frequencies) and values turned (RoPER)."""
+_TABLES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (tag, device) -> near table, while held
+
+
+def wanted(call: Call) -> tuple[bool, bool, bool]:
+    """(keys, values, near): whether ``call``'s form has keys turned by their own positions to keep (its last band's
+    keys not read as cached, no decay, fixed frequencies), values turned (RoPER) and a near table (two bands, the
+    near one plain RoPE in the window)."""
     if call.form is PLAIN or call.tag is None:  # a frequency type rotated here, a dynamic one: nothing kept
-        return False, False
-    return call.form.kept_turns
+        return False, False, False
+    form = call.form
+    near = form.far is not None and form.chunks is None and len(form.bands) == 2 and form.bands[0] == Band("window")
+    return (*form.kept_turns, near and form.decay is None and form.values is None)
+
+
+def near_table(call: Call) -> torch.Tensor:
+    """[2, w, r/2] float32: cos and -sin of each distance 0 .. w - 1 (w the window) at the call's frequencies, kept
+    static; the same tensor for every layer of one rotation on one device while any holds it."""
+    key = (call.tag, call.query.device)
+    table = _TABLES.get(key)
+    if table is None:
+        cos, sin = cos_sin(torch.arange(int(call.params["window"]), device=call.query.device), call.inv_freq)
+        table = _TABLES[key] = torch.stack((cos, -sin))
+        torch._dynamo.mark_static_address(table)
+    return table
 
 
 def turned_keys(call: Call, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -76,21 +101,27 @@ def fitting(rows: StaticRows | None, call: Call, keys: torch.Tensor, values: tor
     """Whether ``rows`` still hold every written row of ``keys`` [B, Hkv, L, d] and ``values`` for ``call``."""
     if rows is None or not rows.valid or rows.tag != call.tag or rows.length is not length:
         return False
-    if getattr(keys, STATIC, None) is not rows or (rows.keys is not None, rows.values is not None) != wanted(call):
+    if getattr(keys, STATIC, None) is not rows or held(rows) != wanted(call):
         return False
     return all(b is None or b.shape == x.shape for b, x in ((rows.keys, keys), (rows.values, values)))
 
 
+def held(rows: StaticRows) -> tuple[bool, bool, bool]:
+    """What ``rows`` keep, in ``wanted``'s order."""
+    return rows.keys is not None, rows.values is not None, rows.near is not None
+
+
 def build(call: Call, keys: torch.Tensor, values: torch.Tensor, length, old: StaticRows | None) -> StaticRows:
     """Buffers for ``keys`` [B, Hkv, L, d] and ``values`` (``old``'s where they fit), linked from ``keys``, every row
-    of ``call``'s keys written (:func:`fill`)."""
-    want_keys, want_values = wanted(call)
+    of ``call``'s keys written (:func:`fill`), and the near table where the form has one."""
+    want_keys, want_values, want_near = wanted(call)
     held_keys, held_values = (old.keys, old.values) if old is not None else (None, None)
     rows = StaticRows(
         call.tag,
         length,
         buffer(keys, held_keys) if want_keys else None,
         buffer(values, held_values) if want_values else None,
+        near=near_table(call) if want_near else None,
     )
     fill(rows, call)
     setattr(keys, STATIC, rows)

@@ -37,7 +37,7 @@ import dataclasses
 import torch
 
 from ..methods.form import origin
-from ..rotation import rotate
+from ..rotation import rotate, turn
 from .call import Call, visible_keys
 from .decay_and_value_turns import key_log_scale, turn_output_back, value_inv_freq
 from .reference import additive, chunk_scores, grouped_product, positions, weights
@@ -121,13 +121,26 @@ def far_values(call: Call, w: torch.Tensor) -> torch.Tensor:
 def near_scores(call: Call, slots: torch.Tensor) -> torch.Tensor:
     """q k^T [B, H, 1, n] of the keys at ``slots``, each pair in its band (the reference engine's choice); a near
     band turning keys as the last band does (Dual Chunk Attention's, all at n mod c) reads a static cache layer's
-    kept rows at those slots instead of turning the gathered keys."""
+    kept rows at those slots instead of turning the gathered keys; a two-band type's window, by a static cache
+    layer's near table (:func:`window_scores`)."""
+    if call.static is not None and call.static.near is not None:
+        return window_scores(call, slots)
     state = {"k_pos": call.k_pos.gather(1, slots)}
     if call.static is not None and call.static.keys is not None:
         kept = call.static.keys.narrow(2, 0, call.key.shape[2])
         state["turned"] = {call.form.bands[-1].key_position: gather_slots(kept, slots)}
     near = dataclasses.replace(call, key=gather_slots(call.key, slots), state=state, memory=None)
     return chunk_scores(near, slice(0, 1))
+
+
+def window_scores(call: Call, slots: torch.Tensor) -> torch.Tensor:
+    """q k^T [B, H, 1, n] of a two-band type's window, ``slots`` [B, n] its n newest visible keys, newest first: the
+    i-th stands at distance i (consecutive positions over the visible keys), in the near band, so R(m) q . R(m - i) k
+    = q . R(-i) k, the gathered keys turned by the near table's row i (``static_rows.near_table``), no angle formed.
+    Slots that repeat (fewer than n keys visible) are scored wrong and hidden by ``run``."""
+    cos, neg_sin = call.static.near.narrow(1, 0, slots.shape[1]).unbind(0)  # [n, r/2] each
+    keys = turn(gather_slots(call.key, slots), cos, neg_sin)  # [B, Hkv, n, d]
+    return grouped_product(call.query, keys.transpose(-1, -2))
 
 
 def run(call: Call, mask, scale: float, dropout=0.0, training=False, softcap=None) -> torch.Tensor:
