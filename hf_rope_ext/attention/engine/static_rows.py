@@ -37,6 +37,7 @@ from ..rotation import cos_sin, rotate
 from .call import Call
 from .decay_and_value_turns import value_inv_freq
 from .reference import positions as band_positions
+from .step_turns import partner_index, per_step, signed_freq, step_cos_sin, turn_step
 
 STATIC = "_hf_rope_ext_static_rows"  # attribute of a static cache layer's keys tensor: its StaticRows
 
@@ -150,12 +151,41 @@ def write(rows: StaticRows, call: Call, keys: torch.Tensor, values: torch.Tensor
     """Turn and write the rows the update just wrote into ``keys`` [B, Hkv, L, d] and ``values`` (slots
     length - q .. length - 1 of the layer's counter, on the device)."""
     q_len = call.query.shape[2]
+    if q_len == 1 and not torch.compiler.is_compiling():
+        write_step(rows, call, keys, values)
+        return
     slots = rows.length - q_len + torch.arange(q_len, device=rows.length.device)  # [q] int64
     at = new_positions(call, slots)
     if rows.keys is not None:
         rows.keys.index_copy_(2, slots, turned_keys(call, keys.index_select(2, slots), at))
     if rows.values is not None:
         rows.values.index_copy_(2, slots, turned_values(call, values.index_select(2, slots), at))
+
+
+def write_step(rows: StaticRows, call: Call, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """``write`` for an eager decode step (one query, its key at the query's position): the new row turned by the
+    step's angles, formed in the first layer and shared by the others (``step_turns``), a few operations a layer."""
+    slot = (rows.length - 1).view(1)  # [1] int64
+    if rows.keys is not None:
+        key_position = call.form.bands[-1].key_position
+        write_row(call, rows.keys, keys, slot, ("static_key", call.inv_freq, key_position))
+    if rows.values is not None:
+        write_row(call, rows.values, values, slot, ("static_value", value_inv_freq(call), None))
+
+
+def write_row(call: Call, held: torch.Tensor, source: torch.Tensor, slot: torch.Tensor, turn: tuple) -> None:
+    """Write ``source``'s row ``slot`` [1] into ``held``, turned by ``turn`` = (name, frequencies [r/2], position
+    function of the new row: None, its own) at the step's query position."""
+    name, inv_freq, position = turn
+    width = source.shape[-1]
+    freq = signed_freq(call, inv_freq, name, width)
+
+    def angles():
+        return step_cos_sin(band_positions(position, call.q_pos, call.params), freq)  # [B, 1, 1, width] each
+
+    cos, sin = per_step(call, (name, width), angles)
+    partner = partner_index(call, inv_freq.shape[-1], width)
+    held.index_copy_(2, slot, turn_step(source.index_select(2, slot), cos, sin, partner))
 
 
 def select(rows: StaticRows, index: torch.Tensor) -> None:
