@@ -55,23 +55,26 @@ def test_split_in_bfloat16_within_its_rounding():
 
 
 @pytest.mark.parametrize(
-    "batch, rows, kv, causal, grad, parts",
+    "batch, heads, rows, kv, causal, grad, parts",
     [
-        (1, 9, 32768, False, False, 16),
-        (1, 9, 8191, False, False, 3),
-        (1, 3, 4096, False, False, 2),
-        (1, 3, 4095, False, False, 1),  # fewer than two parts' keys
-        (1, 3, 10**6, False, False, split_keys.MOST_PARTS),
-        (2, 3, 32768, False, False, 1),  # a batch: its rows are tasks already
-        (1, split_keys.MOST_ROWS, 32768, False, False, 16),
-        (1, split_keys.MOST_ROWS + 1, 32768, False, False, 1),  # a prefill's rows
-        (1, 9, 32768, True, False, 1),
-        (1, 9, 32768, False, True, 1),  # autograd: the kernel's backward takes one call
+        (1, 3, 9, 32768, False, False, 3),  # 3 kv heads: 3 parts for 9 tasks
+        (1, 3, 9, 8191, False, False, 3),  # at least 2048 keys a part
+        (1, 3, 3, 4096, False, False, 2),
+        (1, 3, 3, 4095, False, False, 1),  # fewer than two parts' keys
+        (1, 3, 9, 6143, False, False, 2),
+        (1, 1, 3, 10**6, False, False, split_keys.TASKS),
+        (1, 5, 9, 32768, False, False, 2),
+        (1, 8, 9, 32768, False, False, 1),  # tasks enough
+        (2, 3, 3, 32768, False, False, 1),  # a batch: its rows are tasks already
+        (1, 3, split_keys.MOST_ROWS, 32768, False, False, 3),
+        (1, 3, split_keys.MOST_ROWS + 1, 32768, False, False, 1),  # a prefill's rows
+        (1, 3, 9, 32768, True, False, 1),
+        (1, 3, 9, 32768, False, True, 1),  # autograd: the kernel's backward takes one call
     ],
 )
-def test_parts(batch, rows, kv, causal, grad, parts):
-    q = torch.zeros(batch, 3, rows, 16, requires_grad=grad)
-    k = torch.zeros(batch, 3, kv, 16)
+def test_parts(batch, heads, rows, kv, causal, grad, parts):
+    q = torch.zeros(batch, heads, rows, 16, requires_grad=grad)
+    k = torch.zeros(batch, heads, kv, 16)
     assert split_keys.parts(q, k, causal) == parts
 
 

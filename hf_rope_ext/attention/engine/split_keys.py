@@ -5,8 +5,9 @@ torch's CPU flash kernel shares its work among threads by (batch row, head, quer
 query block, and the engine groups the query heads of a kv head into rows of one problem, so a step of SmolLM2 (3 kv
 heads) gives the kernel three tasks: two threads take two rounds, one thread idle in the second. Cut into S parts
 of L = kv // S keys, laid as S batch rows of one call (views of the keys, no copy), the kernel has S times the tasks;
-the last kv mod S keys are one more small piece. S depends on the number of keys alone (``parts``), not on the
-threads, so a result does not change with the machine's thread count.
+the last kv mod S keys are one more small piece. S (``parts``) gives at least TASKS tasks where the keys allow parts
+of PART_KEYS: it depends on the shapes alone, not on the threads, so a result does not change with the machine's
+thread count (and a call with TASKS heads or more is not split: its tasks already fill that many threads).
 """
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ import torch
 from .piece import needs_grad
 
 PART_KEYS = 2048  # the fewest keys of a part
-MOST_PARTS = 16
 MOST_ROWS = 64  # query rows of a piece split (a decode step's: its query heads per kv head, times its bands)
+TASKS = 8  # the kernel's tasks (batch rows x heads) a split aims at: a few cores' worth (models of 7B parameters and
+# more mostly have 8 kv heads: not split, where splitting would add operations and, on a few cores, no speed)
 
 
 def parts(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
     """How many parts the keys of q [B, H, c, d] against k [B, Hkv, kv, d] are split into (1: not split): a single
-    batch row of a few query rows, no causal flag, no autograd, outside a compiled graph."""
+    batch row of a few query rows, no causal flag, no autograd, outside a compiled graph; enough parts for TASKS
+    tasks, each of at least PART_KEYS keys."""
     c, kv = q.shape[2], k.shape[2]
     if q.shape[0] != 1 or c > MOST_ROWS or causal or needs_grad(q, k) or torch.compiler.is_compiling():
         return 1
-    return max(1, min(MOST_PARTS, kv // PART_KEYS))
+    return max(1, min(kv // PART_KEYS, -(-TASKS // q.shape[1])))
 
 
 def split_view(x: torch.Tensor, count: int, length: int) -> torch.Tensor:
