@@ -12,6 +12,11 @@
 3. ``near-rows``: Dual Chunk Attention's near bands reading the kept rows, against the static rows' runs.
 4. ``prompt-once``: SmolLM2's ``generate`` after 8192 and 32768-token prompts, each row's prompt read once
    (``--prompt-once``): compiled and eager decode tokens/s with their ratios to plain's of the same run.
+5. ``after-module``: the module's compiled step before and after a two-band window turned by the near table
+   (``engine.static_rows.near_table``), one run after the other; the other types' steps, unchanged, the controls.
+6. ``after``: ``prompt-once``'s runs again with the CPU decode pieces split along their keys (``engine.split_keys``,
+   the eager step) and the near table (the compiled step), each step against plain's of its run; the prompt, the
+   types a change does not touch (xPos, RoPER and Dual Chunk Attention compiled) and plain itself are the controls.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ RECORDS = PAGE.parent / "compiled-decode-cpu"
 MODULE = ("static-rows-before-b617055.json", "static-rows-1eaa1ca.json")
 GENERATE = ("smollm2-8k-static-rows-before-b617055.json", "smollm2-8k-static-rows-1eaa1ca.json")
 ONCE = ("smollm2-8k-prompt-once-09f8d2f.json", "smollm2-32k-prompt-once-09f8d2f.json")  # shortest prompt first
+AFTER = ("smollm2-8k-prompt-once-d00a188.json", "smollm2-32k-prompt-once-f6eaf62.json")  # keys split, near table
+AFTER_MODULE = ("module-before-09f8d2f.json", "module-f6eaf62.json")  # the module's step before and after the table
 NEAR = ("dual-chunk-near-7f06f97.json", "smollm2-8k-dual-chunk-near-7f06f97.json")  # the near bands' rows kept
 
 
@@ -105,9 +112,46 @@ def once_table() -> str:
     return "\n".join(lines)
 
 
+RATES = (("eager_tokens_per_s", "eager_quartiles"), ("tokens_per_s", "tokens_per_s_quartiles"))  # eager, compiled
+
+
+def ratio_cells(run: dict, rope_type: str, rate: str, quartiles: str) -> list[str]:
+    """[the type's ``rate`` with its quartiles, plain's ``rate`` of the same run over the type's]."""
+    value = run[rope_type][rate]
+    return [spread(value, run[rope_type][quartiles]), f"{run['default'][rate] / value:.2f}"]
+
+
+def after_table() -> str:
+    """Rates (higher is better) of ``ONCE``'s runs and ``AFTER``'s: the eager step (its long pieces split along their
+    keys) and the compiled one (a two-band window by the near table), each with plain's of its run over the type's."""
+    head = "| prompt | rope_type | eager before | x plain | eager now | x plain | compiled before | x plain "
+    lines = [head + "| compiled now | x plain | prompt s, before / now |", "| ---: | --- |" + " ---: |" * 9]
+    for before_name, now_name in zip(ONCE, AFTER, strict=True):
+        runs = records(before_name, "generate"), records(now_name, "generate")
+        for rope_type, r in runs[1].items():
+            cells = [str(r["tokens"]), rope_type]
+            for rate, quartiles in RATES:
+                cells += [c for run in runs for c in ratio_cells(run, rope_type, rate, quartiles)]
+            cells.append(" / ".join(f"{run[rope_type]['prefill_s']:.0f}" for run in runs))
+            lines.append(f"| {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def after_module_table() -> str:
+    """The module's compiled step (ms, lower is better) before and after the near table, one run after the other."""
+    before, now = (records(name, "graphed") for name in AFTER_MODULE)
+    lines = ["| rope_type | before, ms (quartiles) | now, ms (quartiles) | faster by | x plain |"]
+    lines.append("| --- |" + " ---: |" * 4)
+    for name, r in now.items():
+        cells = [spread(before[name]["ms"], before[name]["ms_quartiles"]), spread(r["ms"], r["ms_quartiles"])]
+        ratios = [before[name]["ms"] / r["ms"], r["ms"] / now["default"]["ms"]]
+        lines.append(f"| {name} | {' | '.join(cells)} | {' | '.join(f'{x:.2f}' for x in ratios)} |")
+    return "\n".join(lines)
+
+
 def tables() -> dict[str, str]:
     made = {"static-rows-module": module_table(), "static-rows-generate": generate_table(), "near-rows": near_table()}
-    return {**made, "prompt-once": once_table()}
+    return {**made, "prompt-once": once_table(), "after-module": after_module_table(), "after": after_table()}
 
 
 def main(argv=None) -> None:

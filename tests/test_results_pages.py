@@ -69,7 +69,7 @@ def test_the_ruler_controls_table_is_the_records():
 def test_the_static_rows_tables_are_the_records():
     """docs/results/compiled-decode-cpu.md's static rows tables are what ``benchmarks/static_rows_report.py --write``
     makes of the committed records, a row for every type of the registry's attention level and both plain steps (after
-    both prompt lengths in the prompt-once table)."""
+    both prompt lengths in the prompt-once and after tables)."""
     from hf_rope_ext.types import registry
 
     path = ROOT / "benchmarks" / "static_rows_report.py"
@@ -83,6 +83,7 @@ def test_the_static_rows_tables_are_the_records():
     for name in ("static-rows-module", "static-rows-generate"):
         rows = {line.split(" | ")[0][2:] for line in report.tables()[name].splitlines()[2:]}
         assert rows == attention | {"default", "default_gqa"}
-    cells = [line.split(" | ")[:2] for line in report.tables()["prompt-once"].splitlines()[2:]]
-    for tokens in ("8192", "32768"):  # every type after both prompts, with both plain steps
-        assert {name for length, name in cells if length == f"| {tokens}"} == attention | {"default", "default_gqa"}
+    for table in ("prompt-once", "after"):  # every type after both prompts, with both plain steps
+        cells = [line.split(" | ")[:2] for line in report.tables()[table].splitlines()[2:]]
+        for tokens in ("8192", "32768"):
+            assert {name for length, name in cells if length == f"| {tokens}"} == attention | {"default", "default_gqa"}

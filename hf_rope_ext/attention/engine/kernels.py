@@ -8,7 +8,9 @@ the kernel call below differs between devices, and the planning never needs a de
 - CPU: ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu``, the kernel ``F.scaled_dot_product_attention``
   itself runs on CPU, which also returns the lse, as fast as sdpa (docs/attention-methods.md gives the figures).
   An additive float mask of the query dtype costs what no mask costs, so a window piece takes a small [c, kv]
-  mask. Its lse has no gradient: with autograd, :class:`FlashLse` supplies it (see its backward).
+  mask. Its lse has no gradient: with autograd, :class:`FlashLse` supplies it (see its backward). A decode piece
+  (one batch row, a few query rows, no autograd) has its keys split into parts laid as the batch of one call
+  (``split_keys``: the kernel shares work among threads by batch row and head, and a step has few kv heads).
 - CUDA: first torch's fused op that sdpa itself would run (cuDNN on Hopper, flash or memory-efficient attention
   elsewhere), called so that it returns the lse, for the pieces it takes (``dense_ops``: no autograd, no mask,
   every key seen or a square seen causally: a two-band type's far band, a decode step's bands); every other piece
