@@ -13,7 +13,8 @@ Attention's inter-chunk band). So here:
   unfilled end and any hole in the mask are served alike; min(N, kv) slots, a static shape under static shapes
   (nothing read back);
 - the gathered keys are scored by every band as the reference engine scores them (``reference.chunk_scores`` on the
-  call cut to those keys), the last band alone on every slot: ReRoPE's keys as cached, a static cache layer's keys as
+  call cut to those keys; a two-band type's window on a static cache layer by distance alone, from the layer's near
+  table: ``window_scores``), the last band alone on every slot: ReRoPE's keys as cached, a static cache layer's keys as
   it keeps them turned by the band's key positions, written when each key was (``static_rows``), and elsewhere
   scored turned without writing the turned keys (``traced_scores.turned_scores``);
 - each part's scores are masked by the mask and by its own range (a slot within N in the far part, a gathered slot
