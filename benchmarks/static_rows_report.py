@@ -92,26 +92,6 @@ def near_table() -> str:
     return "\n".join(lines)
 
 
-def once_table() -> str:
-    """Rates (higher is better): "x plain" is plain's tokens/s over the type's, compiled against compiled (plain as
-    transformers runs it, and GQA-aware) and eager against eager."""
-    head = "| prompt | rope_type | new tokens as uncompiled | compiled, tokens/s | x plain | x GQA plain "
-    lines = [head + "| eager, tokens/s | eager x plain eager | prompt s |", "| ---: | --- |" + " ---: |" * 7]
-    for name in ONCE:
-        run = records(name, "generate")
-        plain, gqa = run["default"], run["default_gqa"]
-        for rope_type, r in run.items():
-            rate, eager = r["tokens_per_s"], r["eager_tokens_per_s"]
-            compiled = [
-                spread(rate, r["tokens_per_s_quartiles"]),
-                *(f"{p['tokens_per_s'] / rate:.2f}" for p in (plain, gqa)),
-            ]
-            uncompiled = [spread(eager, r["eager_quartiles"]), f"{plain['eager_tokens_per_s'] / eager:.2f}"]
-            cells = [str(r["tokens"]), rope_type, f"{r['tokens_agree']} of {r['new_tokens']}", *compiled, *uncompiled]
-            lines.append(f"| {' | '.join(cells)} | {r['prefill_s']:.0f} |")
-    return "\n".join(lines)
-
-
 RATES = (("eager_tokens_per_s", "eager_quartiles"), ("tokens_per_s", "tokens_per_s_quartiles"))  # eager, compiled
 
 
@@ -119,6 +99,22 @@ def ratio_cells(run: dict, rope_type: str, rate: str, quartiles: str) -> list[st
     """[the type's ``rate`` with its quartiles, plain's ``rate`` of the same run over the type's]."""
     value = run[rope_type][rate]
     return [spread(value, run[rope_type][quartiles]), f"{run['default'][rate] / value:.2f}"]
+
+
+def once_table() -> str:
+    """Rates (higher is better): "x plain" is plain's tokens/s over the type's, compiled against compiled (plain as
+    transformers runs it, and GQA-aware) and eager against eager."""
+    head = "| prompt | rope_type | new tokens as uncompiled | compiled, tokens/s | x plain | x GQA plain "
+    lines = [head + "| eager, tokens/s | eager x plain eager | prompt s |", "| ---: | --- |" + " ---: |" * 7]
+    for name in ONCE:
+        run = records(name, "generate")
+        gqa = run["default_gqa"]
+        for rope_type, r in run.items():
+            compiled = [*ratio_cells(run, rope_type, *RATES[1]), f"{gqa['tokens_per_s'] / r['tokens_per_s']:.2f}"]
+            uncompiled = ratio_cells(run, rope_type, *RATES[0])
+            cells = [str(r["tokens"]), rope_type, f"{r['tokens_agree']} of {r['new_tokens']}", *compiled, *uncompiled]
+            lines.append(f"| {' | '.join(cells)} | {r['prefill_s']:.0f} |")
+    return "\n".join(lines)
 
 
 def after_table() -> str:

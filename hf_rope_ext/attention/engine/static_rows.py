@@ -61,9 +61,8 @@ def wanted(call: Call) -> tuple[bool, bool, bool]:
     near one plain RoPE in the window)."""
     if call.form is PLAIN or call.tag is None:  # a frequency type rotated here, a dynamic one: nothing kept
         return False, False, False
-    form = call.form
-    near = form.far is not None and form.chunks is None and len(form.bands) == 2 and form.bands[0] == Band("window")
-    return (*form.kept_turns, near and form.decay is None and form.values is None)
+    form = call.form  # a two-band form's bands: (Band("window"), its far band)
+    return (*form.kept_turns, form.far is not None and form.bands[0] == Band("window"))
 
 
 def near_table(call: Call) -> torch.Tensor:
