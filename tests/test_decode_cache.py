@@ -17,7 +17,7 @@ from transformers.cache_utils import StaticLayer
 
 import hf_rope_ext
 from hf_rope_ext._transformers import cache_layers
-from hf_rope_ext.attention.engine import rotated_cache
+from hf_rope_ext.attention.engine import rotated_cache, static_rows
 
 PARAMS = ATTENTION_PARAMS
 TYPES = sorted(PARAMS)
@@ -26,9 +26,10 @@ MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts of comparisons of cached rows (``same_bits``) and of reuses of rows a cache layer kept (trusted)."""
+    """Counts of comparisons of cached rows (``same_bits``) and of reuses of rows a cache layer kept (trusted: its
+    rotated rows, or its static rows read by a call that turns no row but its new one)."""
     counts = {"compared": 0, "trusted": 0}
-    same_bits, reusable_end = rotated_cache.same_bits, rotated_cache.reusable_end
+    same_bits, reusable_end, kept = rotated_cache.same_bits, rotated_cache.reusable_end, static_rows.kept
 
     def counting_same_bits(a, b):
         counts["compared"] += 1
@@ -39,8 +40,14 @@ def counted(monkeypatch):
         counts["trusted"] += trusted and end > rows.start
         return end
 
+    def counting_kept(call, *args, **kwargs):
+        held = kept(call, *args, **kwargs)
+        counts["trusted"] += held is not None and call.query.shape[2] < call.key.shape[2]
+        return held
+
     monkeypatch.setattr(rotated_cache, "same_bits", counting_same_bits)
     monkeypatch.setattr(rotated_cache, "reusable_end", counting_reusable_end)
+    monkeypatch.setattr(static_rows, "kept", counting_kept)
     return counts
 
 

@@ -125,12 +125,14 @@ def test_compiled_static_generate_of_a_left_padded_batch_on_other_families(famil
     assert_compiled_is_uncompiled(model, *left_padded_batch(), "eager")
 
 
-def forward(model, cache, ids: torch.Tensor, mask: torch.Tensor, traced: bool) -> None:
-    """One forward of ``ids`` [B, q] after the cache, with ``mask`` [B, written + q]; ``traced``: on the path a
-    compiled step takes (``is_compiling`` patched)."""
+def forward(model, cache, ids: torch.Tensor, mask: torch.Tensor, traced: bool) -> torch.Tensor:
+    """The logits of one forward of ``ids`` [B, q] after the cache, with ``mask`` [B, written + q] (positions as
+    ``generate`` gives them); ``traced``: on the path a compiled step takes (``is_compiling`` patched)."""
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
     with torch.no_grad(), mock.patch.object(torch.compiler, "is_compiling", lambda: traced):
-        model(ids, attention_mask=mask, position_ids=positions, **{hf_rope_ext.cache_keyword(model): cache})
+        return model(
+            ids, attention_mask=mask, position_ids=positions, **{hf_rope_ext.cache_keyword(model): cache}
+        ).logits
 
 
 def prefill(model, cache, rng: random.Random, g: torch.Generator) -> torch.Tensor:
@@ -296,6 +298,27 @@ def test_rope_cache_without_static_rows_keeps_none_and_steps_alike(name):
             out = model(step, position_ids=torch.full((2, 1), 9), **{hf_rope_ext.cache_keyword(model): cache})
         logits.append(out.logits)
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("name", KEPT)
+def test_an_eager_step_reads_the_static_rows_and_keeps_no_copy_of_them(name, batch):
+    """Eager steps on a static cache that keeps rows read them (its layers remember no second copy of the same turned
+    rows, only a two-band type's near window) and give the logits of the same steps on one that keeps none (whose
+    layers turn and remember the rows themselves); two rows left-padded, or one row."""
+    model, g = model_of(name), torch.Generator().manual_seed(5)
+    ids, steps = torch.randint(3, 97, (batch, 9), generator=g), torch.randint(3, 97, (batch, 6), generator=g)
+    mask = torch.ones(batch, 15, dtype=torch.long)
+    mask[0, : 3 if batch == 2 else 0] = 0
+    logits, entries = [], []
+    for keep in (True, False):
+        cache = hf_rope_ext.rope_cache(model, max_cache_len=MAX, static_rows=keep)
+        forward(model, cache, ids, mask[:, :9], False)
+        for i in range(6):
+            logits.append(forward(model, cache, steps[:, i : i + 1], mask[:, : 10 + i], False))
+        entries.append({purpose for layer in cache.layers for purpose in layer.rope_entries})
+    torch.testing.assert_close(logits[:6], logits[6:], rtol=0, atol=1e-5)
+    assert entries[0] <= {"near_key"} and entries[0] < entries[1], entries
 
 
 @pytest.mark.parametrize(

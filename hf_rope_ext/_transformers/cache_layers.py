@@ -101,8 +101,10 @@ class RotatedRows:
         for entry in self.rope_entries.values():
             entry.select(beam_idx)
 
-    def keep_static(self, call) -> None:
-        """After this layer's update, an eager attention call on its keys: static rows to keep (none here)."""
+    def keep_static(self, call):
+        """After this layer's update, an eager attention call on its keys: the static rows kept, every written row
+        turned (``static_rows.StaticRows``), or None (none here)."""
+        return None
 
 
 class RotatingDynamicLayer(RotatedRows, DynamicLayer):
@@ -151,16 +153,18 @@ class RotatingStaticLayer(RotatedRows, StaticLayer):
             self.__dict__["_rope_pending"] = True
         return super().update(key_states, value_states, *args, **kwargs)
 
-    def keep_static(self, call) -> None:
-        """Write the rows this update wrote, turned, into the static rows (all of them where absent or stale)."""
+    def keep_static(self, call):
+        """Write the rows this update wrote, turned, into the static rows (all of them where absent or stale);
+        returns them (None where this layer keeps none)."""
         self.__dict__["_rope_pending"] = False
         if not self.keeps_static_rows or self.__dict__.get("_rope_static_off") or not any(static_rows.wanted(call)):
-            return
+            return None
         rows, length = self.__dict__.get("_rope_static"), self.cumulative_length
         if static_rows.fitting(rows, call, self.keys, self.values, length):
             static_rows.write(rows, call, self.keys, self.values)
         else:
-            self.__dict__["_rope_static"] = static_rows.build(call, self.keys, self.values, length, rows)
+            rows = self.__dict__["_rope_static"] = static_rows.build(call, self.keys, self.values, length, rows)
+        return rows
 
     def lazy_initialization(self, *args, **kwargs) -> None:
         super().lazy_initialization(*args, **kwargs)

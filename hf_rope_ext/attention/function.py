@@ -134,8 +134,8 @@ def attend_layer(
     attention_mask = causal_on_cache(attention_mask, query.shape[2], key.shape[2])  # unmasked plans on a cache
     check_window_mask(module, layer.name, attention_mask, key, kwargs.get("sliding_window"))
     call = make_call(layer, module, query, key, value, attention_mask, kwargs.get("position_ids"), memory)
-    if memory.layer is not None:  # a cache layer's own keys: its static rows written (a static cache's)
-        memory.layer.keep_static(call)
+    if memory.layer is not None:  # a cache layer's own keys: its static rows written and read (a static cache's)
+        call.static = memory.layer.keep_static(call)
     causal, scale = causal_and_scale(module, call, scaling, kwargs)
     out = None
     if implementation != "eager":

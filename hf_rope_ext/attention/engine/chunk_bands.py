@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..rotation import rotate
-from . import rotated_cache
+from . import rotated_cache, static_rows
 from .banded import Band, Span, applies, banded, causal_spans
 from .call import Call
 from .kernels import attend_piece
@@ -51,6 +51,9 @@ def chunk_starts(call: Call, first: int, last: int) -> tuple[list[int], list[int
 def chunk_keys(call: Call, old_rows: int) -> torch.Tensor:
     """Keys [B, Hkv, kv, d] rotated by the bands' key position, remembered across decode steps."""
     band = call.form.bands[0]
+    held = static_rows.kept(call, band.key_position)  # a static cache layer's, turned as written
+    if held is not None:
+        return held
 
     def turn(x, positions):
         return rotate(x, band.key_position(positions, call.params), call.inv_freq)

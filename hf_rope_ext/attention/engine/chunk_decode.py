@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..rotation import rotate
-from . import rotated_cache
+from . import rotated_cache, static_rows
 from .call import Call
 from .kernels import attend_piece
 from .padding import Padding
@@ -93,6 +93,9 @@ def rule_constants(call: Call, rows: int) -> dict:
 def chunk_keys_step(call: Call, new: torch.Tensor) -> torch.Tensor:
     """Keys [B, Hkv, kv, d] rotated by n mod c, the new one given (``new``), the others remembered."""
     key_position = call.form.bands[0].key_position
+    held = static_rows.kept(call, key_position)  # a static cache layer's, the new row written already
+    if held is not None:
+        return held
 
     def turn(x, positions):
         return rotate(x, key_position(positions, call.params), call.inv_freq)

@@ -15,7 +15,7 @@ import torch
 from torch.nn import functional as F
 
 from ..rotation import rotate
-from . import rotated_cache
+from . import rotated_cache, static_rows
 from .call import Call, chunk_mask
 from .decay_and_value_turns import (
     decay_rows,
@@ -38,9 +38,11 @@ def rotated_keys(call: Call, old_rows: int, last: torch.Tensor | None = None) ->
     ``last``: the newest one already rotated)."""
     if "rotated_keys" not in call.state:
         by = lambda x, p: rotate(x, p, call.inv_freq)  # noqa: E731
-        call.state["rotated_keys"] = rotated_cache.rotated(
-            call.memory, "key", call.tag, call.key, call.key_positions, old_rows, by, 0, last
-        )
+        held = static_rows.kept(call, None)  # a static cache layer's, turned as written (RoPER's)
+        if held is None:
+            memory, positions = call.memory, call.key_positions
+            held = rotated_cache.rotated(memory, "key", call.tag, call.key, positions, old_rows, by, 0, last)
+        call.state["rotated_keys"] = held
     return call.state["rotated_keys"]
 
 
@@ -48,6 +50,9 @@ def rotated_values(call: Call, old_rows: int, last: torch.Tensor | None = None) 
     """Values [B, Hkv, kv, dv]; RoPER's rotated by their positions, remembered across decode steps."""
     if call.form.values is None:
         return call.value
+    held = static_rows.kept(call, None, values=True)  # a static cache layer's, turned as written
+    if held is not None:
+        return held
     inv_freq = value_inv_freq(call)
     by = lambda x, p: rotate(x, p, inv_freq)  # noqa: E731
     return rotated_cache.rotated(call.memory, "value", call.tag, call.value, call.key_positions, old_rows, by, 0, last)

@@ -10,7 +10,8 @@ their positions. Types whose last band reads keys as cached (ReRoPE), whose key 
 whose frequencies follow the length (the dynamic types) keep none.
 
 - an eager call (a prefill, an uncompiled step) writes its new rows, or every row of its keys where the buffers are
-  new or stale (:func:`fill`);
+  new or stale (:func:`fill`), and its engine reads them there (:func:`kept`) instead of turning and remembering
+  the same rows again;
 - a traced call writes the rows its update just wrote, at the slots the layer's own counter names
   (``index_copy_``, as ``StaticLayer.update``): same shapes and addresses every step, nothing read back.
 
@@ -36,6 +37,7 @@ from ..methods.form import PLAIN, Band
 from ..rotation import cos_sin, rotate
 from .call import Call
 from .decay_and_value_turns import value_inv_freq
+from .piece import needs_grad
 from .reference import positions as band_positions
 from .step_turns import partner_index, per_step, signed_freq, step_cos_sin, turn_step
 
@@ -75,6 +77,20 @@ def near_table(call: Call) -> torch.Tensor:
         table = _TABLES[key] = torch.stack((cos, -sin))
         torch._dynamo.mark_static_address(table)
     return table
+
+
+def kept(call: Call, position, values: bool = False) -> torch.Tensor | None:
+    """An eager call's keys [B, Hkv, kv, d] turned by ``position`` (a band's key position; None: their own), or
+    (``values``) RoPER's values turned, as the call's static cache layer keeps them (``call.static``); None where it
+    keeps no such rows (none kept, another turn, autograd): the engine then turns and remembers them itself
+    (``rotated_cache``), a second copy of the same rows."""
+    rows = call.static
+    held = None if rows is None else rows.values if values else rows.keys
+    if held is None or needs_grad(call.query, call.key, call.value):
+        return None
+    if not values and call.form.bands[-1].key_position is not position:
+        return None
+    return held.narrow(2, 0, call.key.shape[2])
 
 
 def turned_keys(call: Call, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 
 from ..methods.form import origin
 from ..rotation import rotate
-from . import rotated_cache
+from . import rotated_cache, static_rows
 from .banded import Band, Span, applies, banded, causal_spans
 from .call import Call
 from .kernels import attend_piece, piece_rows
@@ -50,6 +50,9 @@ def far_keys(call: Call, old_rows: int, last: torch.Tensor | None = None, stop: 
     far = call.form.far
     if far.key_position is origin:
         return call.key if stop is None else call.key.narrow(2, 0, stop)
+    held = static_rows.kept(call, far.key_position)  # a static cache layer's, turned as written
+    if held is not None:
+        return held if stop is None else held.narrow(2, 0, stop)
 
     def turn(x, positions):
         return rotate(x, far.key_position(positions, call.params), call.inv_freq)
