@@ -58,10 +58,10 @@ def test_split_in_bfloat16_within_its_rounding():
     "batch, heads, rows, kv, causal, grad, parts",
     [
         (1, 3, 9, 32768, False, False, 3),  # 3 kv heads: 3 parts for 9 tasks
-        (1, 3, 9, 8191, False, False, 3),  # at least 2048 keys a part
-        (1, 3, 3, 4096, False, False, 2),
-        (1, 3, 3, 4095, False, False, 1),  # fewer than two parts' keys
-        (1, 3, 9, 6143, False, False, 2),
+        (1, 3, 9, 3072, False, False, 3),  # at least 1024 keys a part
+        (1, 3, 3, 2048, False, False, 2),
+        (1, 3, 3, 2047, False, False, 1),  # fewer than two parts' keys
+        (1, 3, 9, 3071, False, False, 2),
         (1, 1, 3, 10**6, False, False, split_keys.TASKS),
         (1, 5, 9, 32768, False, False, 2),
         (1, 8, 9, 32768, False, False, 1),  # tasks enough

@@ -16,7 +16,7 @@ import torch
 
 from .piece import needs_grad
 
-PART_KEYS = 2048  # the fewest keys of a part
+PART_KEYS = 1024  # the fewest keys of a part (SmolLM2's window of 2048 keys: 2 parts, 6 tasks for 2 threads)
 MOST_ROWS = 64  # query rows of a piece split (a decode step's: its query heads per kv head, times its bands)
 TASKS = 8  # the kernel's tasks (batch rows x heads) a split aims at: a few cores' worth (models of 7B parameters and
 # more mostly have 8 kv heads: not split, where splitting would add operations and, on a few cores, no speed)
