@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_rope_ext.attention.engine import chunk_decode
 from hf_rope_ext.types import registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,10 +163,17 @@ def test_training_benchmark_has_a_row_per_training_free_attention_type():
 VIEWS = {"aten.slice.Tensor", "aten.alias.default", "aten.view.default", "aten.transpose.int", "aten.expand.default"}
 
 
-def test_a_decode_step_copies_nothing_that_grows_with_the_cache():
+def gpu_plans(monkeypatch) -> None:
+    """Count the plans a GPU runs: a CPU step of one row reads its chunk boundary on the host
+    (``chunk_decode.HOST_BANDS``), where a GPU's step reads nothing back."""
+    monkeypatch.setattr(chunk_decode, "HOST_BANDS", set())
+
+
+def test_a_decode_step_copies_nothing_that_grows_with_the_cache(monkeypatch):
     """benchmarks/decode_ops.py: plain sdpa's step is a few operations; every type's step runs more, and each of its
     outputs as large as the cached keys (600 tokens x 8 heads x 128) is a view, not a copy or a pass over them. A
     step reads nothing back to Python (each read a host sync on a GPU)."""
+    gpu_plans(monkeypatch)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import decode_ops
 
@@ -192,10 +200,11 @@ def test_every_type_has_a_benchmark_row():
     assert {m.name for m in registry.methods() if m.kind == "attention"} <= set(bench_attention.TYPES)
 
 
-def test_an_eager_decode_step_of_a_model_reads_nothing_back_and_adds_at_most_30_operations_per_layer():
+def test_an_eager_decode_step_of_a_model_reads_nothing_back_and_adds_at_most_30_operations_per_layer(monkeypatch):
     """``decode_ops.py --model``: a whole decode step of a 2-layer Llama on its rotating cache (as ``generate`` runs
     it, after 1100 tokens: past every type's window) dispatches at most 30 operations per layer more than the stock
     model's step, and reads no value back to Python (main before: 69-91 more, 2-6 reads)."""
+    gpu_plans(monkeypatch)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import decode_ops
 
@@ -222,10 +231,11 @@ def test_an_eager_decode_step_of_a_left_padded_batch_reads_back_once_and_adds_at
 
 
 @pytest.mark.parametrize("name", ["rerope", "dual_chunk"])
-def test_the_cuda_kernels_block_masks_add_no_operation_to_a_decode_step(name):
+def test_the_cuda_kernels_block_masks_add_no_operation_to_a_decode_step(name, monkeypatch):
     """``decode_ops.py --block-masks``: a decode step's pieces cut no key, so the block masks the CUDA kernel gives
     compiled flex reuse the lists of their shape and dispatch nothing (on an H200 ReRoPE's step took 5.0 ms with masks
     built in full at every step, 2.5 ms with leaner ones: docs/results/gpu/70b52e5)."""
+    gpu_plans(monkeypatch)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import decode_ops
 

@@ -27,6 +27,7 @@ from .kernels import attend_piece
 from .padding import Padding
 from .piece import Piece
 from .step_turns import partner_index, per_step, signed_freq, step_cos_sin, turn_step
+from .union import attend_union
 
 BANDS = 3  # chunk gaps 0, 1 and >= 2
 HOST_BANDS = {"cpu"}  # device types on which a step reads its chunk boundary on the host (``host_bands``)
@@ -146,13 +147,11 @@ def band_spans(call: Call) -> list[tuple[int, int]]:
 def host_bands(call: Call, q: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
     """One row's step (module docstring, ``HOST_BANDS``): q [1, Hkv, 3, g, d] (band b's rows at index b), keys
     [1, Hkv, kv, d] turned by n mod c -> [1, Hkv, g, dv], each non-empty band a piece, merged by softmax over their
-    log-sum-exps."""
+    log-sum-exps (``union``)."""
     spans = band_spans(call)
     pieces = [
-        attend_piece(q[:, :, band], keys[:, :, lo:hi], call.value[:, :, lo:hi], Piece(), scale)
+        (q[:, :, band], keys[:, :, lo:hi], call.value[:, :, lo:hi], Piece())
         for band, (lo, hi) in enumerate(spans)
         if hi > lo
     ]
-    outs, lses = zip(*pieces, strict=True)  # each [1, Hkv, g, dv], [1, Hkv, g] float32
-    weights = torch.softmax(torch.stack(lses), dim=0)[..., None]  # [P, 1, Hkv, g, 1]
-    return (torch.stack(outs) * weights).sum(0).to(outs[0].dtype)
+    return attend_union(pieces, scale)  # [1, Hkv, g, dv]

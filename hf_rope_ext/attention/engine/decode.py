@@ -6,7 +6,8 @@ beyond the window and keys [kv - w, kv) inside it (regular positions):
 - near piece: R(m) q against the window's keys R(n) k, of which each step rotates only the new one;
 - far piece: R(f(m)) q against R(g(n)) k, of which each step rotates only the new one (ReRoPE: the cached keys
   themselves, no copy).
-Each piece is one grouped-query kernel call; the two read the cache once between them, as plain decoding does.
+Each piece is one grouped-query kernel call; the two read the cache once between them, as plain decoding does, and
+are merged once by their log-sum-exps (``union``).
 The angles of a step (m and f(m) for the query, m and g(m) for the new key) are formed once, in one pass, and each
 of the query and the new key is turned by all of them at once (``step_turns``): on a cache layer's remembered rows a
 step reads nothing back from the device and dispatches a few dozen operations.
@@ -18,11 +19,11 @@ import torch
 
 from ..methods.form import origin
 from .call import Call
-from .kernels import attend_piece
 from .padding import Padding, padded_piece
 from .piece import needs_grad
 from .step_turns import partner_index, per_step, signed_freq, step_cos_sin, turn_step
 from .two_band import far_keys, near_keys
+from .union import attend_union
 
 
 def decoding(call: Call) -> bool:
@@ -45,15 +46,6 @@ def grouped(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return query.view(b, kv_heads, h // kv_heads, d)
 
 
-def merge_two(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The softmax over both pieces' keys, neither empty: a's weight is sigmoid(l_a - l_b); [B, Hkv, g, dv]. The
-    weight in the outputs' dtype: lerp forms o_b + w (o_a - o_b) in float32 whatever its operands' dtype, so half
-    precision loses only the weight's rounding (at most its last bit), as the outputs already lost theirs."""
-    (o1, l1), (o2, l2) = a, b
-    weight = torch.sigmoid(l1 - l2)[..., None]  # [B, Hkv, g, 1] float32
-    return torch.lerp(o2, o1, weight.to(o1.dtype))
-
-
 def two_band_decode(call: Call, scale: float, padding: Padding | None = None) -> torch.Tensor:
     """Both bands of one query, [B, H, 1, dv] (module docstring); ``padding``: keys before a row's first hidden."""
     b, h, _, d = call.query.shape
@@ -67,6 +59,6 @@ def two_band_decode(call: Call, scale: float, padding: Padding | None = None) ->
     near_k = near_keys(call, reach, new[0])
     far_k = far_keys(call, kv - 1, new[-1] if cos.shape[0] > 2 else None, stop=reach)
     near_value, far_value = call.value.narrow(2, reach, kv - reach), call.value.narrow(2, 0, reach)
-    near = attend_piece(q_near, near_k, near_value, padded_piece(padding, reach, kv), scale)
-    far = attend_piece(q_far, far_k, far_value, padded_piece(padding, 0, reach), scale)  # lse ~ -3e38 if all hidden
-    return merge_two(near, far).view(b, h, 1, -1)
+    near = (q_near, near_k, near_value, padded_piece(padding, reach, kv))
+    far = (q_far, far_k, far_value, padded_piece(padding, 0, reach))  # lse ~ -3e38 where all hidden
+    return attend_union([near, far], scale).view(b, h, 1, -1)

@@ -19,10 +19,10 @@ from . import rotated_cache
 from .call import Call
 from .decay_and_value_turns import key_log_scale, log_zeta, value_inv_freq
 from .decode import grouped
-from .kernels import attend_piece
 from .padding import Padding, padded_piece
 from .single_band import decay_half, rotated_keys, rotated_values
 from .step_turns import partner_index, per_step, signed_freq, step_cos_sin, turn_step
+from .union import attend_union
 
 
 def angles(call: Call, inv_freq: torch.Tensor, name: str, width: int):
@@ -77,10 +77,10 @@ def decode_step(call: Call, scale: float, padding: Padding | None = None) -> tor
         q, keys = decayed(call, q, new, cos, sin, partner)
     piece = padded_piece(padding, 0, old_rows + 1)
     if call.form.values is None:
-        return attend_piece(q, keys, call.value, piece, scale)[0].view(b, h, 1, -1)
+        return attend_union([(q, keys, call.value, piece)], scale).view(b, h, 1, -1)
     dv, value_freq = call.value.shape[-1], value_inv_freq(call)
     shared = value_freq is call.inv_freq and dv == d  # the values turn as the keys: the same angles
     v_cos, v_sin, v_partner = (cos, sin, partner) if shared else angles(call, value_freq, "value", dv)
     values = rotated_values(call, old_rows, turn_step(call.value.narrow(2, old_rows, 1), v_cos, v_sin, v_partner))
-    out = attend_piece(q, keys, values, piece, scale)[0]  # [B, Hkv, g, dv]
+    out = attend_union([(q, keys, values, piece)], scale)  # [B, Hkv, g, dv]
     return turn_step(out, v_cos, v_sin, v_partner, back=True).view(b, h, 1, -1)

@@ -40,7 +40,7 @@ def split_view(x: torch.Tensor, count: int, length: int) -> torch.Tensor:
 
 def merge_parts(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [S, H, c, dv], lse [S, H, c] float32) of S disjoint key sets -> the union's ([1, H, c, dv] in out's dtype,
-    [1, H, c]). Every lse is finite (no mask, or one hiding with a finite minimum: ``split_flash``). By amax, not
+    [1, H, c]). Every lse is finite (no mask, or one hiding with a finite minimum: ``split_parts``). By amax, not
     ``torch.logsumexp``, whose CPU path here runs Python reference code (75 us a call)."""
     top = lse.amax(0, keepdim=True)  # [1, H, c]
     weights = torch.exp(lse - top)  # [S, H, c] float32, the largest 1
@@ -49,10 +49,11 @@ def merge_parts(out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, tor
     return merged.to(out.dtype), top + torch.log(total)
 
 
-def split_flash(flash, q, k, v, mask, scale: float, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``flash(q, k, v, 0.0, False, attn_mask=mask, scale=scale)`` [:2] with the keys in ``count`` parts (module
-    docstring); q [1, H, c, d], k / v [1, Hkv, kv, *], mask None or [1, 1 or H, c, kv] hiding with a finite minimum
-    (a row hidden from a whole part by -inf would take lse 0 there, as if it saw keys scoring 0)."""
+def split_parts(flash, q, k, v, mask, scale: float, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [P, H, c, dv], lse [P, H, c] float32) of ``flash(q, k, v, 0.0, False, attn_mask=mask, scale=scale)`` with
+    the keys in ``count`` parts, unmerged: P = count, or count + 1 with the keys left over (module docstring); q [1, H,
+    c, d], k / v [1, Hkv, kv, *], mask None or [1, 1 or H, c, kv] hiding with a finite minimum (a row hidden from a
+    whole part by -inf would take lse 0 there, as if it saw keys scoring 0)."""
     kv = k.shape[2]
     length = kv // count
     head = count * length
@@ -65,4 +66,9 @@ def split_flash(flash, q, k, v, mask, scale: float, count: int) -> tuple[torch.T
         rest = flash(q, k.narrow(2, head, kv - head), v.narrow(2, head, kv - head), 0.0, False,
                      attn_mask=rest_mask, scale=scale)[:2]  # fmt: skip
         out, lse = torch.cat((out, rest[0])), torch.cat((lse, rest[1]))
-    return merge_parts(out, lse)
+    return out, lse
+
+
+def split_flash(flash, q, k, v, mask, scale: float, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``split_parts`` merged: the (out [1, H, c, dv], lse [1, H, c]) of the whole piece."""
+    return merge_parts(*split_parts(flash, q, k, v, mask, scale, count))
