@@ -11,7 +11,9 @@ of ``bench_attention`` (32 / 8 heads, head_dim 128, bf16) steps three times on a
 dispatch mode counts the operations of the last step's attention call (views and slices included; those that
 return more than ``--large`` elements are counted apart: copies or work that grow with the cache). On a CPU,
 ``--block-masks`` also builds, for each piece, the block mask the CUDA kernel would give compiled flex
-(``flex.kernel_block_mask``), so the count includes that host work too. ``--model`` counts instead one whole decode
+(``flex.kernel_block_mask``), so the count includes that host work too. It counts the plans a GPU runs: on a CPU
+Dual Chunk Attention's step of one row reads its chunk boundary back and runs its bands as pieces of their own
+(``chunk_decode.HOST_BANDS``), which ``--cpu-plans`` counts instead. ``--model`` counts instead one whole decode
 step (embedding, every layer, head) of a 2-layer tiny Llama (hidden 64, 4 / 2 heads, float32) whose rotating cache
 (what ``generate`` gives these types) holds the prompt, and gives each type's operations per layer beyond the stock
 model's (``default``): what the attention functions add, layers sharing what a step computes once. With
@@ -35,7 +37,7 @@ from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import hf_rope_ext
-from hf_rope_ext.attention.engine import flex, kernels
+from hf_rope_ext.attention.engine import chunk_decode, flex, kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_attention as bench  # noqa: E402
@@ -208,7 +210,14 @@ def main(argv=None) -> int:
         default=None,
         help="--model: on transformers' own cache built as a user would, not hf_rope_ext.rope_cache",
     )
+    parser.add_argument(
+        "--cpu-plans",
+        action="store_true",
+        help="count the CPU's plans (Dual Chunk Attention's step of one row reads its chunk boundary), not a GPU's",
+    )
     args = parser.parse_args(argv)
+    if not args.cpu_plans:  # the plans a GPU runs: nothing read back
+        chunk_decode.HOST_BANDS = set()
     if args.padded and not (args.model and 0 < args.padded < args.cached):
         parser.error(f"--padded {args.padded} needs --model and 0 < --padded < --cached ({args.cached})")
     if (args.static or args.user_cache) and not args.model:

@@ -17,6 +17,9 @@
 6. ``after``: ``prompt-once``'s runs again with the CPU decode pieces split along their keys (``engine.split_keys``,
    the eager step) and the near table (the compiled step), each step against plain's of its run; the prompt, the
    types a change does not touch (xPos, RoPER and Dual Chunk Attention compiled) and plain itself are the controls.
+7. ``bands``: ``after``'s runs again with the eager step's pieces merged once (``engine.union``), Dual Chunk
+   Attention's bands on their own keys (``engine.chunk_decode.host_bands``) and a static layer's rows read, not kept
+   twice; the compiled step, unchanged, and the prompt are the controls.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ MODULE = ("static-rows-before-b617055.json", "static-rows-1eaa1ca.json")
 GENERATE = ("smollm2-8k-static-rows-before-b617055.json", "smollm2-8k-static-rows-1eaa1ca.json")
 ONCE = ("smollm2-8k-prompt-once-09f8d2f.json", "smollm2-32k-prompt-once-09f8d2f.json")  # shortest prompt first
 AFTER = ("smollm2-8k-prompt-once-d00a188.json", "smollm2-32k-prompt-once-f6eaf62.json")  # keys split, near table
+BANDS = ("smollm2-8k-prompt-once-COMMIT.json",)  # the eager step's pieces merged once, DCA's bands apart
 AFTER_MODULE = ("module-before-09f8d2f.json", "module-f6eaf62.json")  # the module's step before and after the table
 NEAR = ("dual-chunk-near-7f06f97.json", "smollm2-8k-dual-chunk-near-7f06f97.json")  # the near bands' rows kept
 
@@ -117,12 +121,13 @@ def once_table() -> str:
     return "\n".join(lines)
 
 
-def after_table() -> str:
-    """Rates (higher is better) of ``ONCE``'s runs and ``AFTER``'s: the eager step (its long pieces split along their
-    keys) and the compiled one (a two-band window by the near table), each with plain's of its run over the type's."""
+def after_table(befores: tuple = ONCE, nows: tuple = AFTER) -> str:
+    """Rates (higher is better) of the runs ``befores`` and ``nows`` (by default ``ONCE``'s and ``AFTER``'s: the eager
+    step's long pieces split along their keys, a two-band window turned by the near table when compiled), eager and
+    compiled, each with plain's of its run over the type's; ``nows`` may stop at a shorter prompt."""
     head = "| prompt | rope_type | eager before | x plain | eager now | x plain | compiled before | x plain "
     lines = [head + "| compiled now | x plain | prompt s, before / now |", "| ---: | --- |" + " ---: |" * 9]
-    for before_name, now_name in zip(ONCE, AFTER, strict=True):
+    for before_name, now_name in zip(befores[: len(nows)], nows, strict=True):
         runs = records(before_name, "generate"), records(now_name, "generate")
         for rope_type, r in runs[1].items():
             cells = [str(r["tokens"]), rope_type]
@@ -147,7 +152,8 @@ def after_module_table() -> str:
 
 def tables() -> dict[str, str]:
     made = {"static-rows-module": module_table(), "static-rows-generate": generate_table(), "near-rows": near_table()}
-    return {**made, "prompt-once": once_table(), "after-module": after_module_table(), "after": after_table()}
+    made |= {"prompt-once": once_table(), "after-module": after_module_table(), "after": after_table()}
+    return {**made, "bands": after_table(AFTER, BANDS)}
 
 
 def main(argv=None) -> None:

@@ -35,7 +35,7 @@ from hf_rope_ext.attention.engine import dense_ops, kernels
 from hf_rope_ext.types import registry
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -198,8 +198,16 @@ def run_case(case: Case) -> None:
             assert (got - expected).abs().max() <= 8 * 2**-8 * max(1.0, float(expected.abs().max()))
 
 
+FULL_STATIC_CACHE = Case(  # a static cache filled to its end by two queries, no mask: read as an empty cache's prompt
+    name="leaky_rerope", rope={"rope_type": "leaky_rerope", "window": 1, "factor": 1.0}, batch=1, kv_heads=1,
+    groups=1, head_dim=8, partial=1.0, length=3, cuts=[0, 1, 3], pads=[0], shift=0, cache="static", kernel="cpu",
+    traced=False, dtype=torch.float32, seed=0,
+)  # fmt: skip
+
+
 @settings(PROFILE)
 @given(case=cases())
+@example(case=FULL_STATIC_CACHE)
 def test_the_fast_engine_equals_the_reference_on_random_cases(case):
     run_case(case)
 

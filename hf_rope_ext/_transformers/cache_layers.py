@@ -80,6 +80,7 @@ class RotatedRows:
         kept = self.kept_rows(key_states.shape[-2])
         keys, values = super().update(key_states, value_states, *args, **kwargs)  # keys [B, Hkv, kv, d]
         self.keep_rows(kept)
+        self.__dict__["_rope_filled"] = kept + key_states.shape[-2]  # a static layer's filled slots after it
         self.__dict__["_rope_returned"] = keys.shape[-2]
         self.__dict__["_rope_keys"] = rotated_cache.link(keys, self)
         return keys, values
@@ -155,7 +156,7 @@ class RotatingStaticLayer(RotatedRows, StaticLayer):
 
     def keep_static(self, call):
         """Write the rows this update wrote, turned, into the static rows (all of them where absent or stale);
-        returns them (None where this layer keeps none)."""
+        returns them where the call reads them as written (None where this layer keeps none)."""
         self.__dict__["_rope_pending"] = False
         if not self.keeps_static_rows or self.__dict__.get("_rope_static_off") or not any(static_rows.wanted(call)):
             return None
@@ -164,7 +165,9 @@ class RotatingStaticLayer(RotatedRows, StaticLayer):
             static_rows.write(rows, call, self.keys, self.values)
         else:
             rows = self.__dict__["_rope_static"] = static_rows.build(call, self.keys, self.values, length, rows)
-        return rows
+        # read by a call on the filled slots alone (a call given no mask and more keys than queries reads the first
+        # slots as an empty cache's prompt: its positions are not the rows')
+        return rows if call.key.shape[2] == self.__dict__.get("_rope_filled") else None
 
     def lazy_initialization(self, *args, **kwargs) -> None:
         super().lazy_initialization(*args, **kwargs)
