@@ -36,7 +36,8 @@ MODULE = ("static-rows-before-b617055.json", "static-rows-1eaa1ca.json")
 GENERATE = ("smollm2-8k-static-rows-before-b617055.json", "smollm2-8k-static-rows-1eaa1ca.json")
 ONCE = ("smollm2-8k-prompt-once-09f8d2f.json", "smollm2-32k-prompt-once-09f8d2f.json")  # shortest prompt first
 AFTER = ("smollm2-8k-prompt-once-d00a188.json", "smollm2-32k-prompt-once-f6eaf62.json")  # keys split, near table
-BANDS = ("smollm2-8k-prompt-once-e6ed475.json",)  # the eager step's pieces merged once, DCA's bands apart
+# the eager step's pieces merged once, Dual Chunk Attention's bands apart
+BANDS = ("smollm2-8k-prompt-once-e6ed475.json", "smollm2-32k-prompt-once-93f9957.json")
 AFTER_MODULE = ("module-before-09f8d2f.json", "module-f6eaf62.json")  # the module's step before and after the table
 NEAR = ("dual-chunk-near-7f06f97.json", "smollm2-8k-dual-chunk-near-7f06f97.json")  # the near bands' rows kept
 
