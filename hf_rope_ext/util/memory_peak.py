@@ -10,6 +10,12 @@ made outside it) are not counted: the ones the block's ops read are summed in ``
         loss = step(); loss.backward()
     print(live.peak, live.baseline, live.at_peak)  # bytes; at_peak: {op name: bytes} of what was live at the peak
 
+Device bytes and host bytes are counted apart: ``peak`` and ``live`` are the device's (what
+``torch.cuda.max_memory_allocated`` sees on CUDA), ``host_peak`` and ``host_live`` the host memory the step's tensors
+hold beside them (offloaded activations). A storage is host when it lies on the CPU while the step runs on another
+device, or, for a step on the CPU, when it was made inside :func:`host_allocation` (the CPU is then both, and the
+code that moves a tensor to host memory says so), so a CPU step counts an offload as a GPU step would.
+
 What it does not see: a kernel's own scratch memory that no op output holds (it is freed inside the call), and
 allocator overhead or fragmentation (the resident peak, ``resident_peak_bytes``, shows those beside it).
 """
@@ -18,24 +24,47 @@ from __future__ import annotations
 
 import resource
 import sys
+import threading
 import weakref
 from collections import Counter
+from contextlib import contextmanager
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+_HOST = threading.local()  # depth: how many host_allocation blocks the thread is inside
+
+
+@contextmanager
+def host_allocation():
+    """Storages made inside this block are host memory to :class:`LivePeak`, on whatever device they lie."""
+    _HOST.depth = getattr(_HOST, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _HOST.depth -= 1
+
+
+def _in_host_block() -> bool:
+    return getattr(_HOST, "depth", 0) > 0
+
 
 class LivePeak(TorchDispatchMode):
-    """Counts live storages created inside the mode; ``peak``, ``live`` and ``baseline`` in bytes.
+    """Counts live storages created inside the mode; ``peak``, ``live`` and ``baseline`` in bytes (the device's),
+    ``host_peak`` and ``host_live`` (host memory); ``device``: where the step runs ("cpu", "cuda").
 
     ``explain=True`` also keeps ``at_peak``: bytes live at the peak per creating op (``aten.<op>``), to tell
     what fills it (each rise of the peak copies the per-op sums: slower, for diagnosis)."""
 
-    def __init__(self, explain: bool = False):
+    def __init__(self, explain: bool = False, device: str | torch.device = "cpu"):
         super().__init__()
+        self.device = torch.device(device).type
         self.live = 0
         self.peak = 0
+        self.host_live = 0
+        self.host_peak = 0
+        self._host: set[int] = set()  # ids of the storages made here that are host memory
         self.baseline = 0
         self.explain = explain
         self.at_peak: dict[str, int] = {}
@@ -75,8 +104,14 @@ class LivePeak(TorchDispatchMode):
         if key not in self._sizes:
             self._finalizers.append(weakref.finalize(storage, self._freed, key))
             self._sizes[key], self._ops[key] = 0, op
+            if _in_host_block() or (self.device != "cpu" and storage.device.type == "cpu"):
+                self._host.add(key)
         grown = size - self._sizes[key]  # an in-place resize of a storage made here
-        if grown:
+        if grown and key in self._host:
+            self._sizes[key] = size
+            self.host_live += grown
+            self.host_peak = max(self.host_peak, self.host_live)
+        elif grown:
             self._sizes[key] = size
             self.live += grown
             if self.explain:
@@ -88,6 +123,11 @@ class LivePeak(TorchDispatchMode):
 
     def _freed(self, key: int) -> None:
         size = self._sizes.pop(key, 0)
+        if key in self._host:
+            self._host.discard(key)
+            self.host_live -= size
+            self._ops.pop(key, None)
+            return
         self.live -= size
         if self.explain:
             self._by_op[self._ops.pop(key)] -= size
