@@ -1,0 +1,294 @@
+"""``train.memory.input_casting`` and ``train.memory.lean_norm``: a bf16 LoRA step (bf16 frozen weights, fp32 LoRA
+weights, bf16 autocast) without peft's cast of the adapters' inputs and with lean RMSNorms gives the stock step's loss
+and gradients bit for bit (each change alone and both, norms trained or not, activation checkpointing on and off);
+the lean function equals ``LlamaRMSNorm`` bit for bit on random shapes (fp32, bf16, fp16) and keeps the half input,
+not an fp32 copy; the live bytes held after the forward drop by exactly what the two changes spare, and the peak
+with them (``LivePeak``); the disable functions put everything back; a norm of another formula is left alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from hf_rope_ext.train.lora import apply_lora
+from hf_rope_ext.train.memory import input_casting
+from hf_rope_ext.train.memory.input_casting import keep_adapter_input_dtype
+from hf_rope_ext.train.memory.lean_norm import LeanRMSNorm, enable_lean_norms, lean_rms_norm
+from hf_rope_ext.util.memory_peak import LivePeak
+from hf_rope_ext.util.quiet import enable_activation_checkpointing
+
+HIDDEN, LAYERS, VOCAB = 64, 2, 512
+ROWS, SEQ = 2, 32
+CONFIG = dict(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4)
+CONFIG.update(num_key_value_heads=2, vocab_size=VOCAB)
+CHANGES = {"casting": (True, False), "norms": (False, True), "both": (True, True)}  # (keep input dtype, lean norms)
+
+
+def bf16_lora_model(train_norms=False, checkpointing=False):
+    """A seeded tiny Llama in bf16 with fp32 LoRA (B random, so every adapter has a gradient), in training mode."""
+    torch.manual_seed(0)
+    model = apply_lora(LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.bfloat16), rank=8, train_norms=train_norms)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.05)
+    if checkpointing:
+        enable_activation_checkpointing(model, use_reentrant=False)
+    return model.train()
+
+
+def batch() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (ROWS, SEQ), generator=torch.Generator().manual_seed(1))
+
+
+def forward(model, ids) -> torch.Tensor:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return model(input_ids=ids, labels=ids).loss
+
+
+def step(model, ids):
+    """(loss, {name: gradient} of every trainable parameter) of one step."""
+    model.zero_grad(set_to_none=True)
+    loss = forward(model, ids)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def assert_bitwise(reference, other) -> None:
+    (loss_a, grads_a), (loss_b, grads_b) = reference, other
+    assert torch.equal(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name, grad in grads_a.items():
+        assert grad.dtype == grads_b[name].dtype and torch.equal(grad, grads_b[name]), name
+
+
+def apply_changes(model, change: str):
+    """Turns on the changes named (every norm lean: the probe turned none away); returns the function undoing them."""
+    keep, lean = CHANGES[change]
+    undo = [keep_adapter_input_dtype(model)] if keep else []
+    if lean:
+        disable, names = enable_lean_norms(model)
+        assert names == [name for name, m in model.named_modules() if isinstance(m, LlamaRMSNorm)]  # all of them
+        undo.append(disable)
+    return lambda: [off() for off in undo]
+
+
+# --- the step, bit for bit ---
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+@pytest.mark.parametrize("train_norms", [False, True], ids=["frozen_norms", "train_norms"])
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_step_bitwise_equal(change, train_norms, checkpointing):
+    model, ids = bf16_lora_model(train_norms, checkpointing), batch()
+    stock = step(model, ids)
+    if train_norms:
+        assert sum("norm" in name for name in stock[1]) == 2 * LAYERS + 1
+    off = apply_changes(model, change)
+    assert_bitwise(stock, step(model, ids))
+    off()
+    assert_bitwise(stock, step(model, ids))
+
+
+# --- the function against LlamaRMSNorm ---
+
+
+def norm_and_grads(fn, x, weight, grad):
+    """fn(x, weight) and the gradients of x and (where it requires grad) weight for the output gradient ``grad``."""
+    x = x.detach().requires_grad_()
+    out = fn(x, weight)
+    inputs = (x, weight) if weight.requires_grad else (x,)
+    return [out, *torch.autograd.grad(out, inputs, grad)]
+
+
+def random_case(generator, dtype, weight_dtype, train_weight):
+    """A norm of random size and weight, an input of random shape (0 to 2 leading dims) and an output gradient."""
+    size = int(torch.randint(1, 300, (), generator=generator))
+    lead = torch.randint(1, 5, (int(torch.randint(0, 3, (), generator=generator)),), generator=generator).tolist()
+    norm = LlamaRMSNorm(size, eps=1e-6).to(weight_dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(size, generator=generator) * 2)
+    norm.weight.requires_grad_(train_weight)
+    x = (torch.randn((*lead, size), generator=generator) * 4).to(dtype)
+    out_dtype = torch.promote_types(dtype, weight_dtype)
+    return norm, x, torch.randn(x.shape, generator=generator).to(out_dtype)
+
+
+def assert_case_bitwise(norm, x, grad) -> None:
+    """The module and :func:`lean_rms_norm`: output, input gradient and weight gradient equal in dtype and bits."""
+    stock = norm_and_grads(lambda a, w: norm(a), x, norm.weight, grad)
+    lean = norm_and_grads(lambda a, w: lean_rms_norm(a, w, norm.variance_epsilon), x, norm.weight, grad)
+    for a, b in zip(stock, lean, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b), (x.shape, x.dtype, norm.weight.dtype)
+
+
+@pytest.mark.parametrize("train_weight", [True, False], ids=["trained", "frozen"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_function_bitwise_equal_to_llama_rmsnorm(dtype, train_weight):
+    generator = torch.Generator().manual_seed(2)
+    for weight_dtype in dict.fromkeys((dtype, torch.float32)):
+        for _ in range(12):
+            assert_case_bitwise(*random_case(generator, dtype, weight_dtype, train_weight))
+
+
+def test_function_bitwise_on_a_strided_input():
+    x = torch.randn(5, 3, 40).to(torch.bfloat16).transpose(0, 1)  # (3, 5, 40), not contiguous
+    norm, grad = LlamaRMSNorm(40), torch.randn(3, 5, 40).to(torch.bfloat16)
+    stock = norm_and_grads(lambda a, w: norm(a), x, norm.weight, grad)
+    lean = norm_and_grads(lambda a, w: LeanRMSNorm.apply(a, w, norm.variance_epsilon), x, norm.weight, grad)
+    assert all(torch.equal(a, b) for a, b in zip(stock, lean, strict=True))
+
+
+def saved_by(fn, x, weight) -> list[torch.Tensor]:
+    """The tensors autograd keeps for the backward of fn(x, weight)."""
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        fn(x.requires_grad_(), weight)
+    return kept
+
+
+def test_function_keeps_the_half_input_not_an_fp32_copy():
+    x, norm = torch.randn(2, 7, 48).to(torch.bfloat16), LlamaRMSNorm(48).to(torch.bfloat16)
+    kept = saved_by(lambda a, w: lean_rms_norm(a, w, 1e-6), x, norm.weight)
+    assert [t.shape for t in kept] == [x.shape, (2, 7, 1), (48,)]
+    assert kept[0].data_ptr() == x.data_ptr() and kept[0].dtype == torch.bfloat16  # x itself
+    assert kept[1].dtype == torch.float32 and kept[2] is norm.weight
+    stock = saved_by(lambda a, w: norm(a), x.detach(), norm.weight)
+    assert any(t.dtype == torch.float32 and t.shape == x.shape for t in stock)  # what the lean one spares
+
+
+def test_fp32_input_runs_the_stock_ops():
+    x, norm = torch.randn(3, 16, requires_grad=True), LlamaRMSNorm(16)
+    assert type(lean_rms_norm(x, norm.weight, 1e-6).grad_fn).__name__ == "MulBackward0"
+    assert type(lean_rms_norm(x.bfloat16(), norm.weight, 1e-6).grad_fn).__name__ == "LeanRMSNormBackward"
+
+
+# --- the memory ---
+
+
+def held_and_peak(model, ids) -> tuple[int, int]:
+    """(bytes live after the forward: what it keeps for the backward, and the loss; the step's live peak)."""
+    model.zero_grad(set_to_none=True)
+    with LivePeak() as live:
+        loss = forward(model, ids)
+        held = live.live
+        loss.backward()
+    return held, live.peak
+
+
+def spared_bytes(change: str, train_norms: bool) -> int:
+    """What the changes spare in this model (N elements in a (rows, seq, hidden) activation, 2 bytes in bf16):
+    - input casting, per layer: q, k and v each kept a bf16 copy (autocast's, of peft's fp32 copy: that one dies at
+      once) of the norm's output, now kept once; o_proj a copy of the attention output, which SDPA keeps anyway;
+    - lean norms: each norm whose input needs a gradient (all but the first: its input is the frozen embedding's
+      output) kept fp32 ``h`` (4N bytes) and, with a trained weight, the bf16 product (2N), now its bf16 input (2N);
+      a trained first norm kept the bf16 product (2N), now its input (2N) and ``r`` (rows * seq fp32)."""
+    keep, lean = CHANGES[change]
+    n, layers = ROWS * SEQ * HIDDEN, LAYERS
+    casting = layers * (3 - 1 + 1) * 2 * n
+    norms = 2 * layers * (4 + 2 - 2) * n - 4 * ROWS * SEQ if train_norms else 2 * layers * (4 - 2) * n
+    return keep * casting + lean * norms
+
+
+@pytest.mark.parametrize("train_norms", [False, True], ids=["frozen_norms", "train_norms"])
+def test_live_bytes_drop_by_what_is_spared(train_norms):
+    model, ids = bf16_lora_model(train_norms), batch()
+    stock = held_and_peak(model, ids)
+    for change in CHANGES:
+        off = apply_changes(model, change)
+        held, peak = held_and_peak(model, ids)
+        off()
+        expected = spared_bytes(change, train_norms)
+        assert stock[0] - held == expected, (change, stock, (held, peak))
+        assert stock[1] - peak >= expected // 2, (change, stock, (held, peak))  # here the peak: in the loss
+
+
+# --- what is changed, and undone ---
+
+
+def test_keep_adapter_input_dtype_sets_and_restores_peft_switch():
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    model = bf16_lora_model()
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    assert len(layers) == 4 * LAYERS and all(layer.cast_input_dtype_enabled for layer in layers)
+    restore = keep_adapter_input_dtype(model)
+    assert not any(layer.cast_input_dtype_enabled for layer in layers)
+    restore()
+    assert all(layer.__dict__["cast_input_dtype_enabled"] is True for layer in layers)
+
+
+def test_keep_adapter_input_dtype_restores_a_missing_value_as_missing():
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    model = bf16_lora_model()
+    layer = next(m for m in model.modules() if isinstance(m, BaseTunerLayer))
+    del layer.cast_input_dtype_enabled  # peft's _cast_input_dtype reads True then
+    restore = keep_adapter_input_dtype(model)
+    assert layer.cast_input_dtype_enabled is False
+    restore()
+    assert "cast_input_dtype_enabled" not in layer.__dict__
+
+
+def test_keep_adapter_input_dtype_errors(monkeypatch):
+    with pytest.raises(ValueError, match="model=LlamaRMSNorm has no peft tuner layer"):
+        keep_adapter_input_dtype(LlamaRMSNorm(8))
+    import peft.helpers
+
+    monkeypatch.delattr(peft.helpers, "disable_input_dtype_casting")
+    with pytest.raises(ValueError, match=rf"peft=={peft.__version__} .*peft>={input_casting.PEFT_NEEDED}"):
+        keep_adapter_input_dtype(bf16_lora_model())
+
+
+def test_lean_norms_state_dict_unchanged_and_disable_removes_every_attribute():
+    model = bf16_lora_model(train_norms=True)
+    keys, rng = list(model.state_dict()), torch.get_rng_state()
+    disable, names = enable_lean_norms(model)
+    assert torch.equal(rng, torch.get_rng_state())  # the probe draws from a generator of its own
+    changed = [name for name, m in model.named_modules() if "forward" in m.__dict__]
+    assert changed == names and len(names) == 2 * (2 * LAYERS + 1)  # original_module and the trained copy each
+    assert list(model.state_dict()) == keys
+    with pytest.raises(ValueError, match="already replaced on the instance"):
+        enable_lean_norms(model)
+    disable()
+    disable()  # a second call does nothing
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_the_trained_copy_under_modules_to_save_runs_lean():
+    model, ids = bf16_lora_model(train_norms=True), batch()
+    copy = model.base_model.model.model.layers[1].input_layernorm.modules_to_save["default"]
+    seen = []
+    copy.register_forward_hook(lambda module, args, out: seen.append(type(out.grad_fn).__name__))
+    disable, _ = enable_lean_norms(model)
+    forward(model, ids)
+    disable()
+    forward(model, ids)
+    assert seen == ["LeanRMSNormBackward", "MulBackward0"]
+
+
+class OffsetRMSNorm(nn.Module):
+    """Gemma's formula: ``(1 + weight)`` scales the normalized input (the attributes of a Llama one)."""
+
+    def __init__(self, size, eps=1e-6):
+        super().__init__()
+        self.weight, self.variance_epsilon = nn.Parameter(torch.zeros(size)), eps
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def test_a_norm_of_another_formula_is_left_alone():
+    model = nn.ModuleDict({"offset": OffsetRMSNorm(16), "llama": LlamaRMSNorm(16)}).to(torch.bfloat16)
+    disable, names = enable_lean_norms(model)
+    assert names == ["llama"] and "forward" not in model["offset"].__dict__
+    disable()
+    with torch.device("meta"):
+        meta = LlamaRMSNorm(16)
+    with pytest.raises(ValueError, match="LlamaRMSNorm.weight on device=meta"):
+        enable_lean_norms(meta)
