@@ -52,12 +52,25 @@ def launch(
     N processes, which hf-rope-ext runs on the CPU over gloo (``accelerate launch --cpu`` starts one process).
     ``engine``: the launcher's engine flags; ``program``: what each process runs, before ``words``; ``env``: more
     environment variables (they win)."""
-    with socket.socket() as probe:  # a free port: tests of other checkouts may launch at the same time
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     command = [sys.executable, "-m", "accelerate.commands.launch", *engine, "--num_processes", str(processes)]
     command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", str(port), *program, *words]
+    return run_on_cpu([*command, "--main_process_port", str(free_port()), *program, *words], env)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:  # tests of other checkouts may launch at the same time
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def torchrun(arguments: list[str], processes: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node N ...`` on the CPU, one thread per process."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
+    return run_on_cpu([*command, "--master_port", str(free_port()), *arguments], env)
+
+
+def run_on_cpu(command: list[str], env: dict | None) -> subprocess.CompletedProcess:
+    """``command`` with CUDA hidden, one thread per process, the checkout importable; it must succeed."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

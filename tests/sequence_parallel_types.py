@@ -24,6 +24,7 @@ from hf_rope_ext.train.model import target_rope_parameters  # noqa: E402
 from hf_rope_ext.train.positions import position_ids  # noqa: E402
 from hf_rope_ext.train.sequence_parallel import ONE, enable, make_group  # noqa: E402
 
+TYPES = ["default", "linear", "dynamic", "yarn", "longrope", "llama3", *hf_rope_ext.available_rope_types()]
 L0, LENGTH, ROWS, WINDOW = 32, 128, 2, 48  # PoSE rows of 48 tokens whose positions reach 128 (4 x L0)
 EXTRA = {  # keys the built-in types require that target_rope_parameters cannot derive
     "longrope": {"short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [1.0, 2.0, 3.0, 4.0]},
@@ -34,8 +35,8 @@ EXTRA = {  # keys the built-in types require that target_rope_parameters cannot 
 NO_CP = SimpleNamespace(parallelism_config=None, unwrap_model=lambda model: model)  # what forward_loss reads
 
 
-def lora_model(rope_type: str):
-    """A 2-layer GQA Llama (4 query, 2 key-value heads) at ``rope_type`` for LENGTH, LoRA on q/k/v/o, seeded."""
+def lora_model(rope_type: str, targets=("q_proj", "k_proj", "v_proj", "o_proj")):
+    """A 2-layer GQA Llama (4 query, 2 key-value heads) at ``rope_type`` for LENGTH, LoRA on ``targets``, seeded."""
     from transformers import AutoModelForCausalLM
 
     config = byte_llama_config(max_position_embeddings=L0, attn_implementation="sdpa", use_cache=False)
@@ -45,7 +46,7 @@ def lora_model(rope_type: str):
     config.rope_parameters = params
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
-    model = apply_lora(model, rank=4, alpha=8.0, dropout=0.0, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))
+    model = apply_lora(model, rank=4, alpha=8.0, dropout=0.0, target_modules=targets)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
 

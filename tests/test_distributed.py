@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from finetune_launch import ATOL, L0, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows
+from finetune_launch import ATOL, L0, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows, one_process_gaps
 from safetensors.torch import load_file
 
 from hf_rope_ext.cli import main
@@ -155,3 +155,15 @@ def log_rows_of(path: Path) -> list[dict]:
 
     with path.open(newline="") as handle:
         return list(csv.DictReader(handle))
+
+
+def test_two_processes_with_every_memory_technique_train_the_one_process_adapter(setup):
+    """DDP with layer inputs offloaded, the MLP in tiles (LoRA on the MLP too: each of its weights' gradients is
+    reduced once) and no copies: the adapter of one plain process."""
+    targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    run = dict(OPTIONS, grad_checkpointing=True, target_modules=targets)
+    out = setup / "techniques"
+    launch(argv(setup, out, **run, batch_size=2, offload_checkpoints=True, tiled_mlp=16, no_copies=True))
+    difference, _ = one_process_gaps(setup, out, dict(run, target_modules=tuple(targets.split(","))), batch_size=4)
+    print(f"DDP + techniques: max |adapter(2) - adapter(1)| = {difference:.3g}")
+    assert difference < ATOL

@@ -494,3 +494,32 @@ def test_apply_lora_emits_no_future_warning():
         pytest.skip(f"transformers {transformers.__version__} does not deprecate is_gradient_checkpointing")
     with pytest.warns(FutureWarning, match="is_gradient_checkpointing"):  # still raised outside apply_lora
         _ = model.is_gradient_checkpointing
+
+
+def test_the_memory_techniques_train_and_evaluate_as_the_plain_run(base, data, tmp_path):
+    """``--offload-checkpoints --tiled-mlp 16 --no-copies``: the adapter, the losses and the before/after evaluation
+    (tiled too) of the plain run, up to the tiles' fp32 rounding."""
+    options = dict(grad_checkpointing=True, eval_lengths=[L0, 2 * L0], eval_rows=2, train_norms=True)
+    plain = finetune(job(base, data, tmp_path / "plain", **options))
+    every = finetune(
+        job(base, data, tmp_path / "every", offload_checkpoints=True, tiled_mlp=16, no_copies=True, **options)
+    )
+    a, b = (
+        load_file(tmp_path / "plain" / "adapter_model.safetensors"),
+        load_file(tmp_path / "every" / "adapter_model.safetensors"),
+    )
+    assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    assert [r["loss"] for r in every["rows"]] == pytest.approx([r["loss"] for r in plain["rows"]], rel=1e-6)
+    assert len(every["results"]) == len(plain["results"]) == 4  # two lengths, before and after
+    for x, y in zip(plain["results"], every["results"], strict=True):
+        assert (x["when"], x["length"]) == (y["when"], y["length"]) and y["loss"] == pytest.approx(x["loss"], rel=1e-5)
+    card = (tmp_path / "every" / "README.md").read_text()
+    assert "tiled_mlp" in card and "offload_checkpoints" in card  # the card records the techniques
+
+
+def test_offloading_without_checkpointing_is_refused(base, data, tmp_path):
+    with pytest.raises(ValueError, match="--offload-checkpoints .* add --grad-checkpointing"):
+        finetune(job(base, data, tmp_path / "out", offload_checkpoints=True))
+    with pytest.raises(ValueError, match="tiled_mlp=-1 must be an integer >= 0"):
+        finetune(job(base, data, tmp_path / "out", tiled_mlp=-1))
+    assert not (tmp_path / "out").exists()

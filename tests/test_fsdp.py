@@ -121,3 +121,13 @@ def test_the_save_hook_takes_no_weights_from_an_engine(setup):
     weights = []
     keep_trainable_only([model], weights, str(setup))
     assert weights == []
+
+
+def test_fsdp2_with_every_memory_technique_trains_the_one_process_adapter(setup):
+    """Layer inputs offloaded, the MLP in tiles and no copies, under FSDP2 (each decoder layer a unit): the adapter
+    and losses of the plain one-process run."""
+    out = setup / "techniques"
+    launch_fsdp(setup, out, offload_checkpoints=True, tiled_mlp=16, no_copies=True)
+    difference, loss_difference = one_process_gaps(setup, out, RUN, batch_size=4)
+    print(f"FSDP2 + techniques: max |adapter(2) - adapter(1)| = {difference:.3g}, losses {loss_difference:.3g}")
+    assert difference <= ATOL and loss_difference <= LOSS_ATOL

@@ -91,3 +91,17 @@ def test_without_checkpointing_it_is_refused_and_the_switch_is_undone():
     undo()
     assert [layer._gradient_checkpointing_func for layer in checkpointed_layers(model)] == before
     assert len(before) == LAYERS
+
+
+def test_deepspeed_is_refused_by_name_and_the_other_engines_pass():
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from hf_rope_ext.train.memory.techniques import check_engine
+
+    with pytest.raises(ValueError, match="--offload-checkpoints is not supported under DeepSpeed"):
+        check_engine(SimpleNamespace(distributed_type=DistributedType.DEEPSPEED), offload=True)
+    check_engine(SimpleNamespace(distributed_type=DistributedType.DEEPSPEED), offload=False)
+    for engine in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.FSDP):
+        check_engine(SimpleNamespace(distributed_type=engine), offload=True)

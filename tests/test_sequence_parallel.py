@@ -5,18 +5,14 @@ one-process adapter, so do four processes of FSDP2 x sequence parallelism, which
 cannot carry is refused before training."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import byte_llama_config
-from finetune_launch import L0, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows
+from finetune_launch import L0, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows, torchrun
+from sequence_parallel_types import TYPES
 
-import hf_rope_ext
 from hf_rope_ext.train import FinetuneConfig, finetune
 from hf_rope_ext.train.batches import EpochSampler
 from hf_rope_ext.train.checkpoints import checkpoint_step
@@ -24,28 +20,11 @@ from hf_rope_ext.train.config import check_numbers
 from hf_rope_ext.train.context_parallel import shifted_labels
 from hf_rope_ext.train.sequence_parallel import ONE, SequenceGroup, check_model, check_size, shard_loss
 
-TYPES = ["default", "linear", "dynamic", "yarn", "longrope", "llama3", *hf_rope_ext.available_rope_types()]
 FSDP = ("--config_file", str(ROOT / "examples" / "accelerate" / "fsdp.yaml"))  # FSDP2, one decoder layer per unit
 FSDP_PROGRAM = (str(Path(__file__).with_name("fsdp_on_cpu.py")), "finetune")
 # fp32 bounds: the one-process and the split runs differ in summation order only (measured: losses within 1e-6,
 # LoRA weights within 4e-6 after two AdamW steps of 1e-2, which move them by 2e-2)
 LOSS_ATOL, WEIGHT_ATOL = 1e-5, 1e-4
-
-
-def free_port() -> int:
-    with socket.socket() as probe:  # tests of other checkouts may launch at the same time
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def torchrun(arguments: list[str], processes: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node N ...`` on the CPU, one thread per process."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
-    command += ["--master_port", str(free_port()), *arguments]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
 
 
 def type_rows(*options: str) -> dict[str, dict]:

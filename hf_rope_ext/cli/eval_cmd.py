@@ -44,6 +44,16 @@ def add_parser(subparsers, name):
     parser.add_argument("--no-generate", action="store_true", help="passkey teacher-forced only, no generation")
     parser.add_argument("--needle", type=Path, default=None, help="write a needle-in-a-haystack heatmap PNG here")
     parser.add_argument("--needle-depths", type=positive_int, default=5, help="needle depths of the heatmap")
+    parser.add_argument(
+        "--tiled-mlp",
+        type=non_negative_int,
+        nargs="?",
+        const=0,
+        default=None,
+        metavar="TOKENS",
+        help="compute each decoder layer's MLP over tiles of TOKENS tokens, as finetune --tiled-mlp trains (no value "
+        "or 0: about hidden-size tokens a tile)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the records as JSON here")
     parser.add_argument("--plot", type=Path, default=None, help="write a perplexity-against-length PNG here")
     parser.add_argument("--overwrite", action="store_true", help="replace existing --json/--plot/--needle files")
@@ -74,6 +84,7 @@ def run(args) -> int:
     )
     from ..eval.metadata import run_metadata
     from ..store import bundled, outputs
+    from ..train.memory.techniques import tile_model
 
     for flag, path in (("--json", args.json), ("--plot", args.plot), ("--needle", args.needle)):
         outputs.check_file(path, args.overwrite, flag)
@@ -95,10 +106,12 @@ def run(args) -> int:
         passkey_trials=args.passkey_trials,
         generate=not args.no_generate,
     )
-    records = evaluate(path, args.rope_type, args.factor, extra, plan, args.data, not args.no_progress, adapter)
+    tiles = lambda model: tile_model(model, args.tiled_mlp)  # noqa: E731
+    records = evaluate(path, args.rope_type, args.factor, extra, plan, args.data, not args.no_progress, adapter, tiles)
     grid = depths = None
     if args.needle:  # before writing anything, so a failure leaves no partial outputs
         model = load_model(path, records[0]["rope_parameters"], adapter=adapter)
+        tile_model(model, args.tiled_mlp)
         tokenizer = load_tokenizer(adapters.tokenizer_folder(path, adapter))
         grid, depths = needle_grid(model, tokenizer, lengths, args.needle_depths, args.data)
     print(report.markdown_table(records))

@@ -96,7 +96,9 @@ def dest_of(field) -> str:
 
 def add_option(group, field) -> None:
     """The flag of one field: its default the field's (none: required; False: a switch), the rest its metadata."""
-    settings = {key: field.metadata[key] for key in ("help", "choices", "nargs") if key in field.metadata}
+    settings = {
+        key: field.metadata[key] for key in ("help", "choices", "nargs", "const", "metavar") if key in field.metadata
+    }
     if "type" in field.metadata:
         settings["type"] = TYPES[field.metadata["type"]]
     default = field.default if field.default_factory is MISSING else field.default_factory()

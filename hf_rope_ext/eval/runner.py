@@ -74,14 +74,26 @@ def evaluate_model(
 
 
 def evaluate(
-    path, rope_type=None, factor=None, extra=None, plan: EvalPlan | None = None, data=None, progress=True, adapter=None
+    path,
+    rope_type=None,
+    factor=None,
+    extra=None,
+    plan: EvalPlan | None = None,
+    data=None,
+    progress=True,
+    adapter=None,
+    adjust=None,
 ):
     """Load ``path`` with the rope type applied (none: as saved), and the peft ``adapter`` folder on top when given
-    (``eval.adapters``), and evaluate it; returns the records."""
+    (``eval.adapters``), then ``adjust(model)`` when given (``eval --tiled-mlp`` tiles the MLPs there), and evaluate
+    it; returns the records."""
+
     config = load_config(config_folder(path, adapter))
     rope_parameters = requested_parameters(config, rope_type, factor, extra)
     tokenizer = load_tokenizer(tokenizer_folder(path, adapter))
     documents = load_token_documents(tokenizer, data)
     model = load_model(path, rope_parameters, adapter=adapter)
+    if adjust is not None:
+        adjust(model)
     records = evaluate_model(model, tokenizer, documents, plan, rope_type, factor, progress)
     return [{**r, "rope_parameters": rope_parameters} for r in records]

@@ -28,7 +28,8 @@ def option(default, group: str, help: str = "", **flag):
     """A field that is a command-line option: its default (REQUIRED: a required option; a field whose default is
     False is a switch), its ``group`` and ``help`` in ``finetune --help``, and in ``flag`` what differs from a flag
     ``--field-name`` that takes one string: ``flag`` (another name), ``type`` (a checker of ``hf_rope_ext.cli.args``,
-    by name), ``choices``, ``nargs``, ``shared`` (added by the helper that other subcommands use too)."""
+    by name), ``choices``, ``nargs`` (with ``const``, ``metavar``), ``shared`` (added by the helper that other
+    subcommands use too)."""
     factory = MISSING
     if isinstance(default, (dict, list)):  # a fresh copy for each config (dataclasses refuse a shared default)
         default, factory = MISSING, default.copy
@@ -102,6 +103,28 @@ class FinetuneConfig:
     batch_size: int = option(1, OPTIMIZATION, "sequences per device per micro-batch", type="positive_int")
     grad_accum: int = option(1, OPTIMIZATION, "micro-batches per optimizer step", type="positive_int")
     grad_checkpointing: bool = option(False, OPTIMIZATION, "recompute activations (less memory)")
+    offload_checkpoints: bool = option(
+        False,
+        OPTIMIZATION,
+        "with --grad-checkpointing: keep each decoder layer's checkpointed input in host memory between its forward "
+        "and its backward (pinned, copied on a side stream on CUDA)",
+    )
+    tiled_mlp: int | None = option(
+        None,
+        OPTIMIZATION,
+        "compute each decoder layer's MLP over tiles of TOKENS tokens, recomputed tile by tile in the backward "
+        "(no value or 0: about hidden-size tokens a tile, ALST's rule)",
+        type="non_negative_int",
+        nargs="?",
+        const=0,
+        metavar="TOKENS",
+    )
+    no_copies: bool = option(
+        False,
+        OPTIMIZATION,
+        "in half precision: adapters read their input without an fp32 copy and Llama-style RMSNorms keep their "
+        "half-precision input, not an fp32 copy, for the backward (the same numbers)",
+    )
     sequence_parallel: int = option(
         1,
         OPTIMIZATION,
@@ -167,6 +190,12 @@ def check_numbers(cfg: FinetuneConfig) -> None:
     check_retrieval(cfg.retrieval, cfg.retrieval_keys, cfg.retrieval_same_kind)
     if any(int(n) < 2 for n in cfg.eval_lengths or ()):
         raise ValueError(f"eval_lengths={cfg.eval_lengths!r}: every length must be an integer >= 2")
+    if cfg.tiled_mlp is not None and int(cfg.tiled_mlp) < 0:
+        raise ValueError(f"tiled_mlp={cfg.tiled_mlp!r} must be an integer >= 0 (0: ALST's tile) or None (no tiles)")
+    if cfg.offload_checkpoints and not cfg.grad_checkpointing:
+        raise ValueError(
+            "--offload-checkpoints keeps the inputs that activation checkpointing saves; add --grad-checkpointing"
+        )
     if cfg.sequence_parallel > 1 and cfg.eval_lengths:
         raise ValueError(
             f"--eval-lengths {cfg.eval_lengths} with --sequence-parallel {cfg.sequence_parallel}: evaluation reads "

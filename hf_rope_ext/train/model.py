@@ -76,6 +76,13 @@ def extended_config(path: str, rope_type: str, length: int, factor: float | None
     return config
 
 
+def base_length(path: str) -> int:
+    """The base model's own length L0 (its config's ``max_position_embeddings``)."""
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(path).max_position_embeddings)
+
+
 def resolve_precision(precision: str, device: torch.device) -> str:
     """'auto': the accelerate config's mixed_precision when launched with one, else bf16 on a GPU that has it, else
     fp32 (CPU)."""

@@ -20,7 +20,8 @@ from .config import MERGED_DIR, RESULTS_FILE, FinetuneConfig, training_summary
 from .context_parallel import check_context_parallel
 from .data import load_text, packed_stages, with_retrieval
 from .lora import apply_lora
-from .model import attention_implementation, check_fp16, extended_config, load_model, resolve_precision
+from .memory.techniques import check_engine, enable_techniques, tile_model
+from .model import attention_implementation, base_length, check_fp16, extended_config, load_model, resolve_precision
 from .plan import plan_stages, settings_of
 from .run_folder import log_dir
 from .sequence_parallel import ONE, SequenceGroup, check_model, check_size, make_group
@@ -63,6 +64,7 @@ class Job:
         )
         if cfg.grad_checkpointing:
             enable_activation_checkpointing(self.model, use_reentrant=False)
+        enable_techniques(self.model, cfg.offload_checkpoints, cfg.no_copies)
         self.model.config.use_cache = False
         set_seed(cfg.seed, device_specific=True)  # dropout: seed + process index, so processes draw their own masks
         return self.model
@@ -247,7 +249,7 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
     precision = resolve_precision(cfg.precision, state.device)
     cfg.model = str(Path(cfg.model).resolve()) if Path(cfg.model).exists() else cfg.model  # recorded in the adapter
     config = extended_config(cfg.model, cfg.rope_type, cfg.length, cfg.factor, cfg.rope_extra)
-    pretrain = _base_length(cfg.model)
+    pretrain = base_length(cfg.model)
     stages = plan_stages(cfg, pretrain)
     check_far_context(cfg, pretrain)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
@@ -258,11 +260,13 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
     datasets = with_retrieval(datasets, tokenizer, cfg)
     model = load_model(cfg.model, config, precision, attention_implementation(cfg.rope_type, state.device))
     model = model.to(state.device)
+    tile_model(model, cfg.tiled_mlp)
     check_model(model.config, cfg.sequence_parallel, [stage.window for stage in stages])
     if precision == "fp16":
         check_fp16(model, torch.tensor(datasets[0][:1]["input_ids"], device=state.device))
     accelerator = make_accelerator(cfg, precision, log_dir(cfg.out, cfg.resume_from, cfg.log_dir))
     check_context_parallel(accelerator, cfg.rope_type, model.config._attn_implementation, cfg.sequence_parallel)
+    check_engine(accelerator, cfg.offload_checkpoints)
     sequence = make_group(cfg.sequence_parallel, state.num_processes, state.process_index)
     parts = (cfg, accelerator, tokenizer, config, model, stages, datasets, settings_of(cfg), eval_documents)
     return Job(*parts, pretrain=pretrain, sequence=sequence)
@@ -275,12 +279,6 @@ def check_far_context(cfg: FinetuneConfig, pretrain: int) -> None:
             f"--eval-far-context needs an --eval-lengths value >= the model's length {pretrain} "
             f"(given: {cfg.eval_lengths})"
         )
-
-
-def _base_length(path: str) -> int:
-    from transformers import AutoConfig
-
-    return int(AutoConfig.from_pretrained(path).max_position_embeddings)
 
 
 def load_adapter(path, base=None, **kwargs):
