@@ -30,11 +30,11 @@
 # report), fewer repeats and types, and no fine-tuning unless GPU_PARTS names it (then on the 1B shape only, its
 # reach searched up to 128k tokens in steps of 16k). GPU_PARTS names the parts run (default "engines attention
 # compiled finetune profile", under GPU_QUICK=1 "engines attention compiled profile"; a part left out is named as not
-# measured by the report). GPU_LEASE=1, the short mode's former name, is read as GPU_QUICK=1.
+# measured by the report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-QUICK=${GPU_QUICK:-${GPU_LEASE:-0}}
+QUICK=${GPU_QUICK:-0}
 DEFAULT_PARTS="engines attention compiled finetune profile"
 [ "$QUICK" = 1 ] && DEFAULT_PARTS="engines attention compiled profile"
 PARTS=" ${GPU_PARTS:-$DEFAULT_PARTS} "

@@ -29,8 +29,7 @@ REFERENCE = re.compile(r"^\s*\[[^\]\n]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$", 
 HTML = re.compile(r"\b(?:src|href)=\"([^\"]+)\"")
 NOT_A_FILE = re.compile(r"^(?:[a-z][a-z0-9+.-]*:|#)|\{\{|\{%", re.I)
 # how the work was done, not what the project is: leases of machines, sessions, issue numbers, the CPU the
-# measurements shared with other jobs ("release" and "GPU_LEASE", the former name of an option of benchmarks/gpu.sh,
-# do not match)
+# measurements shared with other jobs ("release" does not match)
 PROCESS_WORDS = [
     r"\blease[sd]?\b",
     r"\bsessions?\b",
@@ -80,7 +79,7 @@ def test_no_page_speaks_of_how_the_work_was_done(page):
 
 
 def test_the_process_words_spare_the_project_words():
-    words = " ".join(["the release", "GPU_LEASE=1", "a known issue", "leased", "issue 12", "this CPU"]).lower()
+    words = " ".join(["the release", "a known issue", "leased", "issue 12", "this CPU"]).lower()
     found = [m.group(0) for pattern in PROCESS_WORDS for m in re.finditer(pattern, words)]
     assert found == ["leased", "issue 1", "this cpu"]
 
