@@ -1,5 +1,6 @@
-"""The memory model of one LoRA step (``hf_rope_ext.train.memory_model``) against every measured step, and how many
-GPUs a row of a given length needs for Llama 3.2 1B, 3.1 8B and 3.1 70B.
+"""The memory model of one LoRA step (``hf_rope_ext.train.memory.model``) against every measured step, and how many
+GPUs a row of a given length needs for Llama 3.2 1B, 3.1 8B, 3.1 70B and Qwen2.5 7B, every technique allowed
+(``hf_rope_ext.train.memory.planner``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/memory_model.py            # print both tables
     PYTHONPATH=. .venv/bin/python benchmarks/memory_model.py --write    # and write them into docs/finetune.md
@@ -16,9 +17,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import textwrap
 from pathlib import Path
 
-from hf_rope_ext.train.memory_model import Shape, Step, predict, total
+from hf_rope_ext.train.memory import planner
+from hf_rope_ext.train.memory.model import Step, predict, total
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -28,18 +31,6 @@ BLOCK = "memory-model"  # <!-- memory-model:start --> ... <!-- memory-model:end 
 CPU_LOSS = {"4cb0bf5": "chunked", "dcffd83": "chunked", "a51e791": "head"}
 PRE_FIX = "4cb0bf5"  # the attention-level engine before its fix kept copies per piece; the model counts plain attention
 GPU_RANK = 16  # bench_finetune_gpu.build: LoRA rank 16 on q/k/v/o
-# real configs (hidden, intermediate, layers, heads, kv heads, head dim); vocabulary 128256
-LLAMAS = {
-    "Llama 3.2 1B": Shape(2048, 8192, 16, 32, 8, 64, 128256, tied=True),
-    "Llama 3.1 8B": Shape(4096, 14336, 32, 32, 8, 128, 128256, tied=False),
-    "Llama 3.1 70B": Shape(8192, 28672, 80, 64, 8, 128, 128256, tied=False),
-}
-LENGTHS = {"128k": 131072, "512k": 524288, "1M": 1048576}
-GPUS = (1, 2, 4, 8, 16, 32)
-# usable GiB (nvidia-smi's total) less a margin for what the model leaves out: CUDA context about 1 GiB, NCCL
-# buffers and the allocator's fragmentation 2 GiB
-MARGIN_GIB = 3.0
-CAPACITY = {"H100 80GB": 79.6, "H200 141GB": 140.4}
 
 
 def script(name: str, folder: str = "benchmarks"):
@@ -47,21 +38,6 @@ def script(name: str, folder: str = "benchmarks"):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def shape_of(config: dict, layers: int | None = None) -> Shape:
-    """A memory-model shape from a benchmark's LlamaConfig keys."""
-    heads = config["num_attention_heads"]
-    return Shape(
-        hidden=config["hidden_size"],
-        intermediate=config["intermediate_size"],
-        layers=layers or config["num_hidden_layers"],
-        heads=heads,
-        kv_heads=config["num_key_value_heads"],
-        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        vocab=config["vocab_size"],
-        tied=config.get("tie_word_embeddings", True),
-    )
 
 
 def measured_points() -> list[dict]:
@@ -73,7 +49,7 @@ def measured_points() -> list[dict]:
         commit = record["commit"][:7]
         if commit not in CPU_LOSS:
             raise KeyError(f"{path.name}: commit {commit} has no loss path in CPU_LOSS (head or chunked)")
-        shape = shape_of(cpu_shapes[record["model_shape"]], record["layers"])
+        shape = planner.shape_of(cpu_shapes[record["model_shape"]], record["layers"])
         step = Step(record["length"], record.get("processes", 1), 1, 4, 4, 8, loss=CPU_LOSS[commit], device="cpu")
         terms = predict(shape, step)  # the live peak counts neither weights nor adapter weights; no optimizer step
         pre_fix = commit == PRE_FIX and record["rope_type"] != "yarn"
@@ -82,7 +58,8 @@ def measured_points() -> list[dict]:
     gpu = json.loads((ROOT / "docs" / "results" / "gpu" / "finetune.json").read_text())
     gpu_shapes = script("bench_finetune_gpu").SHAPES
     for record in (r for r in gpu["records"] if "peak_gib" in r):
-        shape, step = shape_of(gpu_shapes[record["shape"]]), Step(record["length"], rank=GPU_RANK, loss="chunked")
+        shape = planner.shape_of(gpu_shapes[record["shape"]])
+        step = Step(record["length"], rank=GPU_RANK, loss="chunked")
         name, device = f"{record['shape']}-{record['kernels']}-{record['length']}", f"{gpu['device']} bf16"
         points.append(row(name, device, record["shape"], shape, step, predict(shape, step), record["peak_gib"] * GIB))
     return points
@@ -120,46 +97,23 @@ def measured_table(points: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def split(shape: Shape, gpus: int) -> int:
-    """Sequence parallelism N over as many of the GPUs as the heads allow (the rest: FSDP2's data-parallel ranks)."""
-    return max(k for k in range(1, gpus + 1) if gpus % k == 0 and shape.kv_heads % k == 0 and shape.heads % k == 0)
-
-
-def per_gpu(shape: Shape, tokens: int, gpus: int) -> float:
-    """GiB per GPU of finetune's step (bf16, LoRA rank 8 on q/k/v/o, the head loss, AdamW), FSDP2 over all GPUs."""
-    return total(predict(shape, Step(tokens, split(shape, gpus), gpus, 2, 2, 8))) / GIB
-
-
-def gpu_table() -> str:
-    first = next(iter(LLAMAS.values()))  # the three shapes split alike: 8 key-value heads each
-    head = " | ".join(f"{g} GPU{'s' if g > 1 else ''} (N={split(first, g)})" for g in GPUS)
-    fewest = " | ".join(f"fewest {name.split()[0]}s" for name in CAPACITY)
-    lines = [f"| model | tokens | {head} | {fewest} |", "|---|---:|" + "---:|" * (len(GPUS) + len(CAPACITY))]
-    for model, shape in LLAMAS.items():
-        for label, tokens in LENGTHS.items():
-            gib = [per_gpu(shape, tokens, g) for g in GPUS]
-            least = [next((str(g) for g, x in zip(GPUS, gib, strict=True) if fits(x, c)), "-") for c in CAPACITY]
-            lines.append(f"| {model} | {label} | " + " | ".join([*map(cell, gib), *least]) + " |")
-    return "\n".join(lines)
-
-
-def fits(gib: float, gpu: str) -> bool:
-    return gib + MARGIN_GIB <= CAPACITY[gpu]
-
-
-def cell(gib: float) -> str:
-    """Bold: fits an H100; italic: an H200 only."""
-    h100, h200 = CAPACITY
-    return f"**{gib:.1f}**" if fits(gib, h100) else f"*{gib:.1f}*" if fits(gib, h200) else f"{gib:.1f}"
-
-
 def report() -> str:
     points = measured_points()
     worst = max(points, key=lambda p: abs(error(p)) if not p["note"] else 0)
+    (h100, h100_gib), (h200, h200_gib) = planner.CAPACITY.items()
+    title = textwrap.fill(
+        f"**How many GPUs for this length.** These are the model's predictions, not GPU measurements. Per GPU "
+        f"count, the cheapest plan of `hf-rope-ext plan` (every technique allowed) that fits an {h100} (bold, "
+        f"{h100_gib:g} GiB usable), else an {h200} (italic, {h200_gib:g} GiB), else the one closest to fitting an "
+        f"{h200}: GiB per GPU ({planner.MARGIN_GIB:g} GiB to spare counted in) / host GiB per node "
+        f"({planner.HOST_GIB:g} GiB a node of {planner.NODE_GPUS} GPUs), then N and the techniques (c: `--no-copies`, "
+        f"t: `--tiled-mlp`, o: `--offload-checkpoints`).",
+        width=120,
+        break_on_hyphens=False,
+    )
     return (
         f"{measured_table(points)}\n\nLargest error outside the pre-fix records: {100 * error(worst):+.1f}% "
-        f"({worst['name']}).\n\nGiB per GPU of one step (bold: fits an H100 80GB, italic: an H200 141GB only, with "
-        f"{MARGIN_GIB:g} GiB to spare):\n\n{gpu_table()}"
+        f"({worst['name']}).\n\n{title}\n\n{planner.gpu_table()}"
     )
 
 

@@ -33,7 +33,7 @@ TRAIN_NAMES = [
     "position_ids",
 ]
 TABLE_NAMES = ["available_rope_types", "get_method", "methods", "register", "validate", "RopeParameterError"]
-COMMANDS = ["list", "eval", "extend", "convert-layout", "finetune", "export", "push", "get-smollm2", "gguf"]
+COMMANDS = ["list", "eval", "extend", "convert-layout", "finetune", "export", "push", "get-smollm2", "gguf", "plan"]
 MODULES_RUN = ["hf_rope_ext", "hf_rope_ext.lm_eval"]
 
 

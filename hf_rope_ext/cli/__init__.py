@@ -27,8 +27,9 @@ COMMANDS = {
     "push": "push",
     "get-smollm2": "get_smollm2",
     "gguf": "gguf",
+    "plan": "plan",
 }
-NO_TRANSFORMERS = ("list",)  # subcommands that run without registering into transformers
+NO_TRANSFORMERS = ("list", "plan")  # subcommands that run without registering into transformers
 # library -> (environment variable read at its import, its function that turns its bars off later)
 LIBRARY_BARS = {
     "huggingface_hub": ("HF_HUB_DISABLE_PROGRESS_BARS", "huggingface_hub.utils.disable_progress_bars"),

@@ -7,7 +7,8 @@ folder that peft's ``AutoPeftModelForCausalLM`` loads right (``bundle``). Module
 (peft setup), ``loop`` (accelerate loop; ``batches``, ``checkpoints``, ``csv_log``, ``interrupt``, ``loss`` its
 parts; ``run_folder`` where a run writes), ``config`` (the request, each field an option of the command, and its
 checks), ``plan`` (the request's stages and loop settings), ``prepare`` (one job's state and outputs), ``job``
-(the glue: ``finetune``), ``memory_model`` (the bytes a process holds at a step's peak, term by term).
+(the glue: ``finetune``), ``memory`` (the techniques that hold less on a device; ``memory.model``, the bytes a
+process holds at a step's peak, term by term; ``memory.planner``, which techniques and how many GPUs a row needs).
 
 The names that need torch load on first use, so that the command reads :class:`FinetuneConfig` for
 ``finetune --help`` without importing torch.
