@@ -12,6 +12,11 @@ frequency-level one (``yarn``) through transformers' own sdpa. The live peak cou
 as the baseline; the resident peak is sampled every few milliseconds during the step (plus ``ru_maxrss`` for the
 whole process). A benchmark: it prints figures and writes a JSON record, it asserts nothing.
 
+The memory techniques of ``finetune`` are options of the same names (``--offload-checkpoints``, ``--tiled-mlp
+[TOKENS]``, ``--no-copies``; the last changes a half-precision step only: ``--precision bf16`` builds bf16 weights and
+runs the step under bf16 autocast, the adapters fp32, as ``finetune --precision bf16`` does). The live peak is the
+device's; offloaded layer inputs are counted apart as the host peak (``LivePeak``'s host bytes).
+
 ``--sequence-parallel N`` runs the step in N gloo processes (torchrun, started by the script itself), each row split
 over them as ``finetune --sequence-parallel N`` splits it; each process measures its own step, the record keeps them
 all and the table shows the largest. The weights are whole on every process here (no FSDP2): the live peak is the
@@ -37,12 +42,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import hf_rope_ext  # noqa: F401  (registers the rope types)
 from hf_rope_ext.train.loop import forward_loss
 from hf_rope_ext.train.lora import apply_lora
+from hf_rope_ext.train.memory.techniques import enable_techniques, tile_model
 from hf_rope_ext.train.model import target_rope_parameters
 from hf_rope_ext.train.sequence_parallel import ONE, enable, make_group
 from hf_rope_ext.util.memory_peak import LivePeak, resident_bytes, resident_peak_bytes
 from hf_rope_ext.util.quiet import enable_activation_checkpointing
 
 GIB = 2**30
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # name -> Llama config keys; pretraining length L0 in max_position_embeddings
 SHAPES = {
     "smollm2-135m": dict(
@@ -76,9 +83,11 @@ OVERRIDES = {
 }
 
 
-def build_model(shape: str, layers: int | None, rope_type: str, length: int, pretrain: int | None = None):
-    """(LoRA model, rope_parameters): random float32 weights of ``shape`` (``pretrain``: another L0) extended to
-    ``length`` with ``rope_type``."""
+def build_model(
+    shape: str, layers: int | None, rope_type: str, length: int, pretrain: int | None = None, settings=None
+):
+    """(LoRA model, rope_parameters): random weights of ``shape`` (``pretrain``: another L0) extended to ``length``
+    with ``rope_type``, in ``settings.precision``, with the memory techniques ``settings`` asks for."""
     keys = dict(SHAPES[shape])
     theta = keys.pop("rope_theta")
     if layers is not None:
@@ -90,9 +99,12 @@ def build_model(shape: str, layers: int | None, rope_type: str, length: int, pre
     config.rope_parameters, config.max_position_embeddings = params, max_positions
     config.validate_rope()
     torch.manual_seed(0)
-    model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    dtype = DTYPES[getattr(settings, "precision", "fp32")]
+    model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa", dtype=dtype)
+    tile_model(model, getattr(settings, "tiled_mlp", None))
     model = apply_lora(model, rank=8)
     enable_activation_checkpointing(model, use_reentrant=False)
+    enable_techniques(model, getattr(settings, "offload_checkpoints", False), getattr(settings, "no_copies", False))
     model.train()
     return model, params
 
@@ -100,11 +112,13 @@ def build_model(shape: str, layers: int | None, rope_type: str, length: int, pre
 NO_ENGINE = SimpleNamespace(parallelism_config=None, unwrap_model=lambda model: model)  # what forward_loss reads
 
 
-def one_step(model, input_ids: torch.Tensor, sequence=ONE) -> float:
+def one_step(model, input_ids: torch.Tensor, sequence=ONE, half: bool = False) -> float:
     """``finetune``'s forward and loss of one micro-batch (``train.loop.forward_loss``: the head's loss in chunks,
-    this rank's shard of the row under sequence parallelism), then the backward; the loss."""
+    this rank's shard of the row under sequence parallelism; ``half``: under bf16 autocast, as accelerate runs a bf16
+    step), then the backward; the loss."""
     positions = torch.arange(input_ids.shape[1])[None]
-    loss = forward_loss(NO_ENGINE, model, input_ids, positions, None, sequence)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
+        loss = forward_loss(NO_ENGINE, model, input_ids, positions, None, sequence)
     loss.backward()
     return float(loss.detach())
 
@@ -134,7 +148,7 @@ class ResidentSampler:
 def measure(settings: argparse.Namespace, sequence=ONE) -> dict:
     """One process's record of one step (this rank's shard of the row under ``sequence``, the whole row alone)."""
     model, params = build_model(
-        settings.model_shape, settings.layers, settings.rope_type, settings.length, settings.pretrain
+        settings.model_shape, settings.layers, settings.rope_type, settings.length, settings.pretrain, settings
     )
     enable(model, sequence)
     vocab = model.get_base_model().config.vocab_size
@@ -143,7 +157,7 @@ def measure(settings: argparse.Namespace, sequence=ONE) -> dict:
     before = resident_bytes()
     start = time.perf_counter()
     with ResidentSampler() as resident, LivePeak(explain=settings.explain) as live:
-        loss = one_step(model, input_ids, sequence)
+        loss = one_step(model, input_ids, sequence, settings.precision == "bf16")
     seconds = time.perf_counter() - start
     rank = sequence.rank
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -152,6 +166,8 @@ def measure(settings: argparse.Namespace, sequence=ONE) -> dict:
         "live_peak_bytes": live.peak,
         "live_peak_gib": round(live.peak / GIB, 4),
         "live_after_bytes": live.live,
+        "host_peak_bytes": live.host_peak,
+        "host_peak_gib": round(live.host_peak / GIB, 4),
         "baseline_bytes": live.baseline,
         "resident_before_gib": round(before / GIB, 4),
         "resident_step_peak_gib": round(resident.peak / GIB, 4),
@@ -162,6 +178,15 @@ def measure(settings: argparse.Namespace, sequence=ONE) -> dict:
         "trainable": trainable,
         "rope_parameters": params,
         "at_peak_gib": {k: round(v / GIB, 4) for k, v in sorted(live.at_peak.items(), key=lambda kv: -kv[1])},
+    }
+
+
+def techniques(settings) -> dict:
+    """The memory techniques of the step (``finetune``'s flags), as the record names them."""
+    return {
+        "offload_checkpoints": settings.offload_checkpoints,
+        "tiled_mlp": settings.tiled_mlp,
+        "no_copies": settings.no_copies,
     }
 
 
@@ -254,6 +279,10 @@ def main() -> None:
         "--sequence-parallel", type=int, default=1, help="N gloo processes, each row split over them (torchrun)"
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one of the N processes
+    parser.add_argument("--precision", choices=sorted(DTYPES), default="fp32", help="bf16: weights and autocast")
+    parser.add_argument("--offload-checkpoints", action="store_true", help="layer inputs in host memory")
+    parser.add_argument("--tiled-mlp", type=int, nargs="?", const=0, default=None, help="MLP tiles (0: ALST's)")
+    parser.add_argument("--no-copies", action="store_true", help="no fp32 copies of adapters' and norms' inputs")
     parser.add_argument("--json", type=Path, default=None, help="write the record here")
     settings = parser.parse_args()
     if settings.table:
@@ -273,6 +302,8 @@ def main() -> None:
         "length": settings.length,
         "pretrain": settings.pretrain or SHAPES[settings.model_shape]["max_position_embeddings"],
         "processes": settings.sequence_parallel,
+        "precision": settings.precision,
+        "techniques": techniques(settings),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "load_average": os.getloadavg(),
@@ -282,7 +313,8 @@ def main() -> None:
     print(
         f"{settings.model_shape} x{record['layers']} {settings.rope_type} {settings.length}: live peak "
         f"{one['live_peak_gib']:.3f} GiB (weights {one['baseline_bytes'] / GIB:.3f} GiB), resident step peak "
-        f"{one['resident_step_peak_gib']:.3f} GiB (before {one['resident_before_gib']:.3f}), {one['step_seconds']} s"
+        f"{one['resident_step_peak_gib']:.3f} GiB (before {one['resident_before_gib']:.3f}), host peak "
+        f"{one['host_peak_gib']:.3f} GiB, {one['step_seconds']} s"
     )
     for op, gib in list(one["at_peak_gib"].items())[:12]:
         print(f"  {op}: {gib:.3f} GiB at the peak")
