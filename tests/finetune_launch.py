@@ -47,14 +47,15 @@ def launch(
     engine=("--multi_gpu",),
     program=("-m", "hf_rope_ext", "finetune"),
     env: dict | None = None,
+    check: bool = True,
 ) -> subprocess.CompletedProcess:
     """``accelerate launch --multi_gpu --num_processes N -m hf_rope_ext finetune ...`` with CUDA hidden: torchrun's
     N processes, which hf-rope-ext runs on the CPU over gloo (``accelerate launch --cpu`` starts one process).
     ``engine``: the launcher's engine flags; ``program``: what each process runs, before ``words``; ``env``: more
-    environment variables (they win)."""
+    environment variables (they win); ``check``: the launch must succeed."""
     command = [sys.executable, "-m", "accelerate.commands.launch", *engine, "--num_processes", str(processes)]
     command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    return run_on_cpu([*command, "--main_process_port", str(free_port()), *program, *words], env)
+    return run_on_cpu([*command, "--main_process_port", str(free_port()), *program, *words], env, check)
 
 
 def free_port() -> int:
@@ -63,17 +64,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def torchrun(arguments: list[str], processes: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
+def torchrun(
+    arguments: list[str], processes: int = 2, env: dict | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node N ...`` on the CPU, one thread per process."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
-    return run_on_cpu([*command, "--master_port", str(free_port()), *arguments], env)
+    return run_on_cpu([*command, "--master_port", str(free_port()), *arguments], env, check)
 
 
-def run_on_cpu(command: list[str], env: dict | None) -> subprocess.CompletedProcess:
-    """``command`` with CUDA hidden, one thread per process, the checkout importable; it must succeed."""
+def run_on_cpu(command: list[str], env: dict | None, check: bool = True) -> subprocess.CompletedProcess:
+    """``command`` with CUDA hidden, one thread per process, the checkout importable; it must succeed (``check``)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0 or not check, done.stderr[-3000:]
     return done
 
 

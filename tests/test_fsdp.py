@@ -2,8 +2,11 @@
 ``examples/accelerate/fsdp.yaml``; tests/fsdp_on_cpu.py sets accelerate's shared state as a GPU launch would) train
 the one-process adapter with gradient accumulation, PoSE positions, trained norms and activation checkpointing; each
 checkpoint holds the trainable tensors and their optimizer state only, never the frozen base; a resume from a middle
-checkpoint gives the uninterrupted adapter; the final adapter is written once, by the main process."""
+checkpoint gives the uninterrupted adapter; the final adapter is written once, by the main process. A process SIGKILLed
+between two checkpoints (tests/kill_process.py) leaves a run that the command resumes, from the last complete
+checkpoint in the partial folder, to the uninterrupted adapter and losses."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,10 +14,13 @@ import torch
 from finetune_launch import ATOL, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows, one_process_gaps
 from safetensors.torch import load_file
 
-from hf_rope_ext.train.checkpoints import keep_trainable_only
+from hf_rope_ext.train import FinetuneConfig
+from hf_rope_ext.train.checkpoints import keep_trainable_only, latest_checkpoint
+from hf_rope_ext.train.config import check_output
 
 FSDP = ("--config_file", str(ROOT / "examples" / "accelerate" / "fsdp.yaml"))  # FSDP2, one decoder layer per unit
 PROGRAM = (str(Path(__file__).with_name("fsdp_on_cpu.py")), "finetune")
+KILL = str(Path(__file__).with_name("kill_process.py"))
 RUN = dict(OPTIONS, save_every=1, grad_checkpointing=True)
 LOSS_ATOL = 1e-5  # per-step loss, 2 FSDP processes against 1 (fp32: summation order only; measured 5e-7)
 
@@ -91,6 +97,26 @@ def test_fsdp_resume_from_a_middle_checkpoint_gives_the_uninterrupted_adapter(se
     middle, last = (load_file(two / "checkpoints" / f"step-00000{s}" / "model.safetensors") for s in (2, 4))
     moved = max(float((middle[k] - v).abs().max()) for k, v in last.items())
     assert moved > 20 * ATOL  # steps 3-4 move the weights: the resumed run had to load the middle ones
+
+
+def test_a_process_killed_between_checkpoints_resumes_to_the_uninterrupted_run(setup, two):
+    """Rank 1 SIGKILLed once step 3 is logged, before its checkpoint: the run stays in its partial folder with step 2
+    its newest complete checkpoint, which the command run again names; resumed from it with the same --out, the run
+    continues there (rows 1-2 of the log kept, row 3 redone) and gives the uninterrupted adapter and losses exactly."""
+    out, partial = setup / "killed", setup / ".killed.partial"
+    words = argv(setup, out, **{**RUN, "batch_size": 2})
+    killed = launch(words, engine=FSDP, program=(KILL, *PROGRAM), env={"KILL_STEP": "3"}, check=False)
+    assert killed.returncode != 0 and "killing rank 1 at step 3" in killed.stdout, killed.stderr[-3000:]
+    found = partial / "checkpoints"
+    assert not out.exists() and latest_checkpoint(found) == found / "step-000002"
+    assert [r[0] for r in log_rows(partial)[1:]] == ["1", "2", "3"]
+    options = dict(RUN, batch_size=2, model=str(setup / "base"), data=[str(setup / "data")], out=str(out))
+    with pytest.raises(FileExistsError, match=re.escape(f"--resume-from {found / 'step-000002'}")):
+        check_output(FinetuneConfig(**options))  # the same command again
+    launch_fsdp(setup, out, resume_from=found / "step-000002")
+    a, b = adapter(two), adapter(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r[4] for r in log_rows(out)[1:]] == [r[4] for r in log_rows(two)[1:]] and not partial.exists()
 
 
 def test_fsdp_full_state_dict_checkpoints_resume_exactly(setup, two):

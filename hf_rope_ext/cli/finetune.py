@@ -14,8 +14,8 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from ..store.bundled import default_model_path
-from ..train.checkpoints import latest_checkpoint
 from ..train.config import GROUPS, FinetuneConfig, parse_stages
+from ..train.run_folder import newest_checkpoint
 from .args import (
     add_rope_arguments,
     comma_list,
@@ -170,7 +170,7 @@ def is_main() -> bool:
 
 def interrupted(out: str) -> int:
     """Ctrl-C: one short message on stderr, and the command that resumes from the newest checkpoint of ``--out``."""
-    found = latest_checkpoint(Path(out) / "checkpoints")
+    found = newest_checkpoint(out)
     message = "interrupted before the first checkpoint; nothing to resume" if found is None else resume_note(found)
     if is_main():
         print(f"hf-rope-ext finetune: {message}", file=sys.stderr)
@@ -179,7 +179,7 @@ def interrupted(out: str) -> int:
 
 def resumable(out: str) -> None:
     """After a failure: the checkpoint the run reached (kept in ``--out``) and the command that resumes from it."""
-    found = latest_checkpoint(Path(out) / "checkpoints")
+    found = newest_checkpoint(out)
     if found is not None and is_main():
         print(f"hf-rope-ext finetune: {resume_note(found, 'stopped')}", file=sys.stderr)
 

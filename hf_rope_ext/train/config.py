@@ -13,9 +13,10 @@ from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 
 from ..store.files import check_folder
+from .checkpoints import latest_checkpoint, missing_part
 from .csv_log import LOG_FILE
 from .retrieval import check_retrieval
-from .run_folder import check_free
+from .run_folder import check_free, resume_advice
 
 RESULTS_FILE = "eval_results.json"
 MERGED_DIR = "merged"
@@ -204,20 +205,37 @@ def check_numbers(cfg: FinetuneConfig) -> None:
 
 
 def check_output(cfg: FinetuneConfig) -> Path:
-    """The output folder must not exist, except when resuming into it before it holds a finished adapter."""
+    """The output folder must not exist, except when resuming into it before it holds a finished adapter; a checkpoint
+    to resume must be complete. A refusal never advises removing a folder that holds checkpoints: it names the newest
+    complete one and the ``--resume-from`` that continues its run."""
     out = Path(cfg.out)
     if out.exists() and not cfg.resume_from:
-        raise FileExistsError(f"--out {str(out)!r} exists; choose a new folder (nothing was written)")
+        found = None if (out / "adapter_config.json").exists() else latest_checkpoint(out / "checkpoints")
+        advice = f", the folder of a stopped run: {resume_advice(found)}; or" if found else ";"
+        raise FileExistsError(f"--out {str(out)!r} exists{advice} choose a new folder (nothing was written)")
     if out.exists() and (out / "adapter_config.json").exists():
         raise FileExistsError(f"--out {str(out)!r} already holds a finished adapter; choose a new folder")
     if cfg.resume_from and not Path(cfg.resume_from).is_dir():
         raise FileNotFoundError(f"--resume-from {cfg.resume_from!r}: no such checkpoint folder")
     if cfg.resume_from:
+        check_complete(cfg.resume_from, sizes=False)  # a part missing (an unfinished checkpoint), named as such
         check_folder(cfg.resume_from)  # optimizer, scheduler, RNG and adapter states, before the model loads
+        check_complete(cfg.resume_from)
     if cfg.log_dir and (Path(cfg.log_dir) / LOG_FILE).exists() and not cfg.resume_from:
         raise FileExistsError(f"--log-dir {cfg.log_dir!r} already holds a {LOG_FILE}; choose a new folder")
     check_free(out, cfg.resume_from)
     return out
+
+
+def check_complete(resume_from, sizes: bool = True) -> None:
+    """``--resume-from`` must be a complete checkpoint (``checkpoints.missing_part``; ``sizes``: its files' sizes
+    too); ValueError naming what it lacks and the newest complete checkpoint beside it."""
+    missing = missing_part(resume_from, sizes)
+    if missing is None:
+        return
+    found = latest_checkpoint(Path(resume_from).parent)
+    beside = f"the newest complete one beside it is {str(found)!r}" if found else "no complete one is beside it"
+    raise ValueError(f"--resume-from {str(resume_from)!r} is not a complete checkpoint: it lacks {missing}; {beside}")
 
 
 def training_summary(cfg: FinetuneConfig) -> dict:

@@ -11,8 +11,8 @@ LOG_COLUMNS = ("step", "stage", "span", "window", "loss", "lr", "tokens", "elaps
 
 class CsvLog:
     """Appends one row per optimizer step to ``log_dir/train_log.csv`` (main process only). Opened at a resumed
-    step, it first drops the rows past that step (written after the checkpoint by the run that stopped), so each
-    step has one row."""
+    step, it keeps the rows up to that step and drops those past it (written after the checkpoint by the run that
+    stopped), and a last line cut short, so each step has one row and the log equals the uninterrupted run's."""
 
     def __init__(self, log_dir: Path, enabled: bool, start_step: int = 0):
         self.path = Path(log_dir) / LOG_FILE
@@ -23,9 +23,10 @@ class CsvLog:
             self.path.write_text("".join([",".join(LOG_COLUMNS) + "\n", *kept]), encoding="utf-8")
 
     def _rows_up_to(self, step: int) -> list[str]:
-        """The log's data lines (with their newline) of steps <= ``step``."""
+        """The log's whole data lines (with their newline and every column) of steps <= ``step``."""
         lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)[1:]
-        return [line for line in lines if line.strip() and int(line.split(",", 1)[0]) <= step]
+        whole = [line for line in lines if line.endswith("\n") and line.count(",") == len(LOG_COLUMNS) - 1]
+        return [line for line in whole if int(line.split(",", 1)[0]) <= step]
 
     def write(self, row: dict) -> None:
         if self.enabled:
