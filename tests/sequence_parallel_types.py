@@ -35,11 +35,12 @@ EXTRA = {  # keys the built-in types require that target_rope_parameters cannot 
 NO_CP = SimpleNamespace(parallelism_config=None, unwrap_model=lambda model: model)  # what forward_loss reads
 
 
-def lora_model(rope_type: str, targets=("q_proj", "k_proj", "v_proj", "o_proj")):
-    """A 2-layer GQA Llama (4 query, 2 key-value heads) at ``rope_type`` for LENGTH, LoRA on ``targets``, seeded."""
+def lora_model(rope_type: str, targets=("q_proj", "k_proj", "v_proj", "o_proj"), **overrides):
+    """A 2-layer GQA Llama (4 query, 2 key-value heads unless ``overrides`` of its config say otherwise) at
+    ``rope_type`` for LENGTH, LoRA on ``targets``, seeded."""
     from transformers import AutoModelForCausalLM
 
-    config = byte_llama_config(max_position_embeddings=L0, attn_implementation="sdpa", use_cache=False)
+    config = byte_llama_config(max_position_embeddings=L0, attn_implementation="sdpa", use_cache=False, **overrides)
     params, config.max_position_embeddings = target_rope_parameters(
         config, rope_type, LENGTH, None, EXTRA.get(rope_type)
     )

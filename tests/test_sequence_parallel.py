@@ -1,10 +1,12 @@
 """``--sequence-parallel N``: each row split over N CPU processes (gloo), attention by a Ulysses all-to-all around the
-registered attention function. Every rope type trains as one process does (one launch looping over the types), a
-wrapper fed each rank's own position ids does not (the negative control), the command itself under torchrun gives the
-one-process adapter, so do four processes of FSDP2 x sequence parallelism, which resume exactly, and what the split
-cannot carry is refused before training."""
+registered attention function. Every rope type trains as one process does (one launch looping over the types), and
+gives one process's loss and adapter gradients over two and four processes on a model of 2 key-value heads (four
+processes: each key-value head sent as two copies); a wrapper fed each rank's own position ids does not (the negative
+control), the command itself under torchrun gives the one-process adapter, so do four processes of FSDP2 x sequence
+parallelism, which resume exactly, and what the split cannot carry (a padded row included) is refused."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,10 @@ FSDP_PROGRAM = (str(Path(__file__).with_name("fsdp_on_cpu.py")), "finetune")
 # fp32 bounds: the one-process and the split runs differ in summation order only (measured: losses within 1e-6,
 # LoRA weights within 4e-6 after two AdamW steps of 1e-2, which move them by 2e-2)
 LOSS_ATOL, WEIGHT_ATOL = 1e-5, 1e-4
+# fp32 bound on one backward, relative to each tensor's largest entry (measured: 9e-7 at most, over two and four
+# processes, every type and row)
+GRADIENT_RTOL = 1e-5
+PADDED = "attention_mask hides tokens of a row (padding, or packed sequences read from position ids); rows must be full"
 
 
 def type_rows(*options: str) -> dict[str, dict]:
@@ -39,6 +45,23 @@ def test_every_rope_type_trains_over_two_processes_as_on_one():
     for row in rows.values():
         assert row["loss"] < LOSS_ATOL and row["weights"] < WEIGHT_ATOL, row
         assert row["moved"] > 100 * WEIGHT_ATOL  # the bound is far below what the two steps move
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_every_rope_type_gives_one_processs_gradients_over_n_processes(processes):
+    """8 query and 2 key-value heads, so four processes copy each key-value head twice; random LoRA B, so every
+    adapter tensor has a gradient; the loss and each gradient before any optimizer step, per tensor within
+    GRADIENT_RTOL of its largest entry, on contiguous, retrieval and PoSE rows; a padded row refused on every rank."""
+    done = torchrun([str(Path(__file__).with_name("sequence_parallel_gradients.py"))], processes=processes)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    gaps = [row for row in rows if "rope_type" in row]
+    assert sorted((row["rope_type"], row["batch"]) for row in gaps) == sorted(
+        (t, b) for t in TYPES for b in ("contiguous", "retrieval", "pose")
+    )
+    for row in gaps:
+        assert row["loss"] <= GRADIENT_RTOL and row["grads"] <= GRADIENT_RTOL and row["smallest"] > 0, row
+    (refused,) = [row["refused"] for row in rows if "refused" in row]
+    assert len(refused) == processes and all(PADDED in (message or "") for message in refused), refused
 
 
 def test_a_wrapper_fed_local_position_ids_is_caught():
@@ -126,6 +149,9 @@ def test_an_older_checkpoint_reads_as_unsplit(tmp_path):
         checkpoint_step(tmp_path, {"processes": 1, "sequence_parallel": 2})
 
 
+TWELVE_HEADS = {"hidden_size": 48, "num_attention_heads": 12, "num_key_value_heads": 4}
+
+
 def sdpa_llama(**overrides):
     config = byte_llama_config(**overrides)
     config._attn_implementation = "sdpa"
@@ -135,8 +161,13 @@ def sdpa_llama(**overrides):
 @pytest.mark.parametrize(
     "overrides, size, lengths, message",
     [
-        ({}, 3, [48], "must divide the attention heads: 4 query and 2 key-value"),
-        ({"num_key_value_heads": 1}, 2, [48], "1 key-value heads"),
+        (
+            {},
+            3,
+            [48],
+            r"must divide the 4 query heads and divide or be a multiple of the 2 key-value heads.*\[1, 2, 4\]",
+        ),
+        (TWELVE_HEADS, 6, [48], r"12 query heads and divide or be a multiple of the 4 .*allowed: \[1, 2, 4, 12\]"),
         ({}, 2, [48, 33], "a training row of 33 tokens does not split into 2"),
         ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16}, 2, [48], "sliding-window"),
         ({"sliding_window": 32}, 2, [32, 64], r"sliding-window layers \(sliding_window=32\) shorter than a training"),
@@ -145,6 +176,20 @@ def sdpa_llama(**overrides):
 def test_what_the_split_cannot_carry_is_refused(overrides, size, lengths, message):
     with pytest.raises(ValueError, match=message):
         check_model(sdpa_llama(**overrides), size, lengths)
+
+
+@pytest.mark.parametrize(
+    "heads, kv, allowed",
+    [(8, 2, [1, 2, 4, 8]), (32, 8, [1, 2, 4, 8, 16, 32]), (9, 3, [1, 3, 9]), (12, 4, [1, 2, 4, 12]), (4, 1, [1, 2, 4])],
+)
+def test_n_divides_the_query_heads_and_divides_or_is_a_multiple_of_the_key_value_heads(heads, kv, allowed):
+    from hf_rope_ext.attention.ulysses import allowed_sizes, kv_copies
+
+    assert allowed_sizes(heads, kv) == allowed
+    assert [kv_copies(kv, n) for n in allowed] == [max(n // kv, 1) for n in allowed]
+    config = sdpa_llama(hidden_size=4 * heads, num_attention_heads=heads, num_key_value_heads=kv)
+    for n in allowed:
+        check_model(config, n, [48 * n])
 
 
 def test_a_sliding_window_no_row_reaches_is_allowed():
@@ -211,7 +256,8 @@ def summed(logits, labels):
 @pytest.mark.parametrize(
     "heads, kwargs, message",
     [
-        ((3, 1), {"position_ids": 0}, "must divide the attention heads: 3 query and 1 key-value"),
+        ((3, 1), {"position_ids": 0}, r"must divide the 3 query heads .* 1 key-value heads .*allowed: \[1, 3\]"),
+        ((6, 3), {"position_ids": 0}, r"6 query heads .* 3 key-value heads .*allowed: \[1, 3, 6\]"),
         ((4, 2), {"position_ids": 0, "sliding_window": 15}, r"sliding_window=15\) shorter than the row \(16 tokens"),
         ((4, 2), {}, "got no position_ids to gather"),
     ],
@@ -226,3 +272,80 @@ def test_the_wrapper_refuses_a_call_it_cannot_carry(heads, kwargs, message):
     with pytest.raises(ValueError, match=message):
         check_shapes(module, query, key, 2, kwargs)
     check_shapes(module, torch.zeros(1, 4, 8, 4), torch.zeros(1, 2, 8, 4), 2, {"position_ids": 0, "sliding_window": 16})
+    check_shapes(module, torch.zeros(1, 4, 8, 4), torch.zeros(1, 1, 8, 4), 2, {"position_ids": 0})  # 2 kv copies
+
+
+def test_each_key_value_head_goes_out_as_adjacent_copies_whose_gradients_are_summed():
+    """2 key-value heads, N = 4: heads [0, 0, 1, 1], so rank j receives kv head j // 2, the one its query heads
+    (2j, 2j + 1 of 8) read; the backward gives each head the sum of its copies' gradients."""
+    from hf_rope_ext.attention.ulysses import copied_heads
+
+    x = torch.randn(2, 2, 3, 4, requires_grad=True)  # (batch, kv, shard, dim)
+    copies = copied_heads(x, 4)
+    assert [torch.equal(copies[:, j], x[:, [0, 0, 1, 1][j]]) for j in range(4)] == [True] * 4
+    assert [h // 4 for h in range(8)] == [j // 2 for j in range(4) for _ in range(2)]  # q head h reads kv h // 4
+    upstream = torch.randn(2, 4, 3, 4)
+    copies.backward(upstream)
+    assert torch.equal(x.grad, upstream[:, [0, 2]] + upstream[:, [1, 3]])
+    assert copied_heads(x, 2) is x  # N divides the key-value heads: nothing copied
+
+
+def shard_masks(monkeypatch, mask, positions) -> list:
+    """The masks transformers hands the "sdpa" attention function of a 4-head Llama reading one shard: 8 tokens of
+    a 16-token row, ``positions`` (2, 8), the 2-D ``mask`` (2, 8) or None."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_utils import AttentionInterface
+
+    seen, stock = [], AttentionInterface._global_mapping["sdpa"]
+
+    def spy(module, query, key, value, attention_mask, *args, **kwargs):
+        seen.append(attention_mask)
+        return stock(module, query, key, value, attention_mask, *args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", spy)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(sdpa_llama(use_cache=False))
+    model(input_ids=torch.randint(2, 300, (2, 8)), position_ids=positions, attention_mask=mask)
+    return seen
+
+
+SECOND_SHARD = torch.arange(8, 16).repeat(2, 1)
+
+
+@pytest.mark.parametrize(
+    "mask, positions, refused",
+    [
+        (torch.ones(2, 8, dtype=torch.long), SECOND_SHARD, False),  # what forward_loss passes
+        (torch.tensor([[1] * 8, [1] * 5 + [0] * 3]), SECOND_SHARD, True),  # a row padded on the right
+        (torch.tensor([[1] * 8, [0] * 3 + [1] * 5]), SECOND_SHARD, True),  # on the left
+        (None, torch.tensor([[8, 9, 10, 20, 21, 22, 23, 40]] * 2), True),  # PoSE ids read as packed sequences
+    ],
+)
+def test_a_mask_that_hides_part_of_a_row_is_refused(monkeypatch, mask, positions, refused):
+    """The wrapper calls the function over the row without a mask: what transformers built for the shard passes only
+    where it hides nothing a causal row attends."""
+    from hf_rope_ext.attention.ulysses import check_mask
+
+    masks = shard_masks(monkeypatch, mask, positions)
+    assert len(masks) == 2  # one a layer
+    for built in masks:
+        if refused:
+            with pytest.raises(ValueError, match=re.escape(PADDED)):
+                check_mask(built, 2)
+        else:
+            check_mask(built, 2)
+
+
+def test_a_full_mask_in_any_form_passes_and_a_padded_one_does_not():
+    """flash-attention's (batch, shard) padding mask; a causal (batch, 1, q, k) mask, bool and float (0 attends)."""
+    from hf_rope_ext.attention.ulysses import check_mask
+
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()[None, None].expand(2, 1, 6, 6)
+    hidden = torch.finfo(torch.float32).min
+    for mask in (torch.ones(2, 6, dtype=torch.long), causal, torch.zeros(2, 1, 6, 6).masked_fill(~causal, hidden)):
+        check_mask(mask, 2)
+    padded = causal.clone()
+    padded[1, :, :, 0] = False  # row 1's first token hidden from every query
+    for mask in (torch.tensor([[1] * 6, [0] + [1] * 5]), padded, torch.zeros(2, 1, 6, 6).masked_fill(~padded, hidden)):
+        with pytest.raises(ValueError, match=re.escape(PADDED)):
+            check_mask(mask, 2)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..attention.ulysses import CAUSAL_WITHOUT_MASK, GROUP, gather_row
+from ..attention.ulysses import CAUSAL_WITHOUT_MASK, GROUP, allowed_sizes, gather_row
 from .context_parallel import IGNORE_INDEX
 
 
@@ -58,14 +58,17 @@ def make_group(size: int, processes: int, rank: int) -> SequenceGroup:
 
 
 def check_model(config, size: int, lengths) -> None:
-    """Before training: heads that split over N, rows that split into N shards, no sliding window shorter than a row,
-    an attention implementation the wrapper carries (``lengths``: the training rows' lengths)."""
+    """Before training: heads that split over N (``attention.ulysses.allowed_sizes``), rows that split into N shards,
+    no sliding window shorter than a row, an attention implementation the wrapper carries (``lengths``: the training
+    rows' lengths)."""
     if size == 1:
         return
     heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    if heads % size or kv % size:
+    if size not in allowed_sizes(heads, kv):
         raise ValueError(
-            f"--sequence-parallel {size} must divide the attention heads: {heads} query and {kv} key-value heads"
+            f"--sequence-parallel {size} must divide the {heads} query heads and divide or be a multiple of the {kv} "
+            f"key-value heads (a multiple sends each key-value head as N / {kv} copies); allowed: "
+            f"{allowed_sizes(heads, kv)}"
         )
     odd = [n for n in lengths if n % size]
     if odd:
