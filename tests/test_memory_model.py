@@ -1,8 +1,9 @@
 """hf_rope_ext.train.memory.model: its predictions against every committed measurement of a LoRA step's memory
 (within 15%), its directions (tokens, N, FSDP2's P), its parameter counts against built models, steps measured here
-(fp32, and bf16 under autocast; every combination of the techniques, LoRA on q/k/v/o and on every linear layer)
-against the prediction, each technique's terms (offloaded checkpoints, the tiled MLP, no copies), the head loss's
-logits, and docs/finetune.md's tables against the script's."""
+(fp32, and bf16 under autocast; every combination of the techniques, LoRA on q/k/v/o and on every linear layer; the
+lean norms' chunks small and as set) against the prediction, and the post-attention norm's backward measured alone
+against its moment, each technique's terms (offloaded checkpoints, the tiled MLP, no copies and the lean norms'
+chunks), the head loss's logits, and docs/finetune.md's tables against the script's."""
 
 import importlib.util
 import re
@@ -15,11 +16,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_rope_ext.train.head_loss import chunk_tokens
 from hf_rope_ext.train.lora import apply_lora
+from hf_rope_ext.train.memory import norm_chunks
+from hf_rope_ext.train.memory.lean_norm import LeanRMSNorm
 from hf_rope_ext.train.memory.model import (
     Shape,
     Step,
     _default_tile,
-    head_logits_bytes,
     layer_parameters,
     lora_parameters,
     predict,
@@ -27,7 +29,10 @@ from hf_rope_ext.train.memory.model import (
     total,
     weight_bytes,
 )
+from hf_rope_ext.train.memory.moments import head_logits_bytes, norm_chunk_bytes
+from hf_rope_ext.train.memory.norm_chunks import chunk_peak_bytes
 from hf_rope_ext.train.memory.tiled_mlp import default_tile
+from hf_rope_ext.util.memory_peak import LivePeak
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_8B = Shape(4096, 14336, 32, 32, 8, 128, 128256, tied=False)
@@ -94,14 +99,42 @@ def test_parameter_counts_are_those_of_a_built_peft_model(tied, targets):
     assert 2 * layer_parameters(shape) + root_parameters(shape) == frozen
 
 
-def measured_step(dtype, techniques: str, targets=QKVO, tokens=1024):
+class NormWindows(LivePeak):
+    """A ``LivePeak`` that also keeps, for each ``LeanRMSNorm`` backward run inside it (:meth:`watch`), the most bytes
+    live during that call: the norms' backward moments, measured one by one."""
+
+    def __init__(self):
+        super().__init__()
+        self.windows: list[int] = []
+        self._window: int | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self._window is not None:
+            self._window = max(self._window, self.live)
+        return out
+
+    def watch(self, backward):
+        """``backward`` (the Function's), recording the live bytes' most during each call."""
+
+        def watched(ctx, grad):
+            self._window = self.live  # 0 before the mode is entered (the probe of enable_lean_norms): nothing counted
+            try:
+                return backward(ctx, grad)
+            finally:
+                self.windows.append(self._window)
+                self._window = None
+
+        return staticmethod(watched)
+
+
+def measured_step(dtype, techniques: str, targets=QKVO, tokens=1024, live=None):
     """One checkpointed LoRA step with finetune's loss on the tiny shape (4 layers; bf16: weights and autocast, fp32
     adapters) with the techniques as ``train.prepare`` switches them on (the tiled MLP at ALST's default tile):
-    (``LivePeak``, the prediction's terms)."""
+    (``LivePeak``, or ``live`` where given, the prediction's terms)."""
     from hf_rope_ext.train.loop import forward_loss
     from hf_rope_ext.train.memory.techniques import enable_techniques, tile_model
     from hf_rope_ext.train.sequence_parallel import ONE
-    from hf_rope_ext.util.memory_peak import LivePeak
     from hf_rope_ext.util.quiet import enable_activation_checkpointing
 
     offload, tiled, lean = COMBINATIONS[techniques]
@@ -116,7 +149,7 @@ def measured_step(dtype, techniques: str, targets=QKVO, tokens=1024):
     model.train()
     ids, positions = torch.randint(0, TINY["vocab_size"], (1, tokens)), torch.arange(tokens)[None]
     engine = SimpleNamespace(parallelism_config=None, unwrap_model=lambda m: m)
-    with LivePeak() as live:
+    with live if live is not None else LivePeak() as live:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
             loss = forward_loss(engine, model, ids, positions, None, ONE)
         loss.backward()
@@ -139,6 +172,24 @@ def test_a_step_measured_here_is_the_prediction(dtype, techniques):
     assert (terms["host"] > 0) == COMBINATIONS[techniques][0]
 
 
+@pytest.mark.parametrize("chunk", [64, None], ids=["chunk_64", "chunk_as_set"])
+@pytest.mark.parametrize("tokens", [1024, 2048])
+@pytest.mark.parametrize("techniques", ["lean", "all"])
+def test_a_step_with_chunked_lean_norms_is_the_prediction(techniques, tokens, chunk, monkeypatch):
+    """bf16, lean norms whose chunks hold 64 tokens (forced: 16 or 32 chunks) or as ``norm_chunks.CHUNK_BYTES`` sets
+    them (the whole row at hidden 128): the step's live peak (here the MLP's backward or the loss) and the
+    post-attention norm's backward, measured alone (the most live during any lean norm's backward), within 5% of
+    the prediction's total and of its norm moment."""
+    if chunk:
+        monkeypatch.setattr(norm_chunks, "CHUNK_BYTES", chunk * TINY_SHAPE.hidden * 4 * 3)
+    assert norm_chunks.largest_chunk(tokens, TINY_SHAPE.hidden) == (chunk or tokens)
+    windows = NormWindows()
+    monkeypatch.setattr(LeanRMSNorm, "backward", windows.watch(LeanRMSNorm.backward))
+    live, terms = measured_step(torch.bfloat16, techniques, tokens=tokens, live=windows)
+    assert total(terms, ("adapter_grads", "activations")) == pytest.approx(live.peak, rel=0.05)
+    assert terms["moments"]["norm"] == pytest.approx(max(live.windows), rel=0.05)
+
+
 @pytest.mark.parametrize("techniques", ["none", "all"])
 def test_a_step_with_lora_on_every_linear_layer_is_the_prediction(techniques):
     """bf16, LoRA on all seven linear layers: without the techniques the recompute that ends at down_proj's adapter
@@ -151,8 +202,23 @@ def test_a_step_with_lora_on_every_linear_layer_is_the_prediction(techniques):
 
 
 def test_what_the_code_refuses_is_refused():
-    with pytest.raises(ValueError, match="sequence_parallel=3 must divide the 32 query and 8 key-value heads"):
+    with pytest.raises(ValueError, match=r"sequence_parallel=3 must divide .* one of \[1, 2, 4, 8, 16, 32\]"):
         predict(LLAMA_8B, Step(12288, 3))
+    with pytest.raises(ValueError, match="sequence_parallel=16 must divide the 8200 tokens"):
+        predict(LLAMA_8B, Step(8200, 16))
+
+
+def test_a_split_beyond_the_key_value_heads_holds_their_copies():
+    """N = 16 and 32 on Llama 3.1 8B's 8 key-value heads: each process holds one key-value head of the whole row (the
+    code's copies), so attention's k and v per shard token are N heads wide, against 8 at N <= 8."""
+    from hf_rope_ext.attention.ulysses import allowed_sizes
+    from hf_rope_ext.train.memory.moments import attention_bytes
+
+    assert allowed_sizes(32, 8) == [1, 2, 4, 8, 16, 32]
+    width = {n: attention_bytes(LLAMA_8B, Step(1 << 20, n)) for n in (8, 16, 32)}
+    assert width[16] - width[8] == 2 * (16 - 8) * 128 * 2 and width[32] - width[8] == 2 * (32 - 8) * 128 * 2
+    activations = [predict(LLAMA_8B, Step(1 << 22, n))["activations"] for n in (8, 16, 32)]
+    assert activations[0] > activations[1] > activations[2]  # still less per process, though not 1/N
     with pytest.raises(ValueError, match="lm_head"):
         predict(LLAMA_8B, Step(8192, targets=("q_proj", "lm_head")))
     with pytest.raises(ValueError, match="loss='fused'"):
@@ -195,15 +261,34 @@ def test_a_tiled_mlp_keeps_one_tiles_intermediates_and_the_norm_becomes_the_peak
     assert predict(LLAMA_8B, Step(tokens, tile=tokens)) == plain  # one tile: the MLP runs whole
 
 
-def test_lean_norms_keep_less_and_make_more_in_their_backward():
+def test_lean_norms_keep_less_and_their_chunks_make_less_in_their_backward():
     """bf16, tiled, q/k/v/o, N = 1, at the post-attention norm's backward: lean keeps 12 bytes a hidden unit less
     (the q, k, v adapters share one half input, o_proj's copy is gone: 6; no fp32 copy of the input norm's input: 4;
-    the post-attention norm keeps its half input instead of an fp32 copy: 2) and its backward makes 8 more (six fp32
-    temporaries and two half ones against five fp32)."""
-    d, tokens = LLAMA_8B.hidden, 131072
-    stock, lean = predict(LLAMA_8B, Step(tokens, tile=4096)), predict(LLAMA_8B, Step(tokens, tile=4096, lean=True))
-    assert stock["peak_at"] == lean["peak_at"] == "norm"
-    assert stock["moments"]["norm"] - lean["moments"]["norm"] == tokens * (12 - 8) * d
+    the post-attention norm keeps its half input instead of an fp32 copy: 2) and its backward makes 16 less (two half
+    tensors over the row, the incoming gradient and the input gradient, against five fp32) and one chunk's fp32
+    temporaries, the same bytes at any length: the norm is no longer the peak."""
+    d = LLAMA_8B.hidden
+    for tokens in (131072, 524288):
+        stock = predict(LLAMA_8B, Step(tokens, tile=4096))
+        lean = predict(LLAMA_8B, Step(tokens, tile=4096, lean=True))
+        assert stock["peak_at"] == "norm" and lean["peak_at"] in ("loss", "mlp")
+        chunk = chunk_peak_bytes(tokens, d)
+        assert chunk == norm_chunks.chunk_tokens(d) * (3 * d + 1) * 4 == 5456 * (3 * d + 1) * 4
+        assert stock["moments"]["norm"] - lean["moments"]["norm"] == tokens * (12 + 16) * d - chunk
+
+
+def test_the_lean_norms_chunk_is_the_codes_rule(monkeypatch):
+    """The model's chunk term is ``lean_norm``'s rule (a budget set for the code is the model's too): the largest
+    chunk's temporaries, bytes that do not grow with the row; none for stock norms or in fp32."""
+    d, step = LLAMA_8B.hidden, Step(8192, lean=True)
+    norm = [predict(LLAMA_8B, Step(t, tile=4096, lean=True))["moments"]["norm"] for t in (131072, 262144)]
+    assert norm[1] - 2 * norm[0] == -chunk_peak_bytes(131072, d)
+    assert norm_chunk_bytes(LLAMA_8B, step, 8192) == 5456 * (3 * d + 1) * 4 <= norm_chunks.CHUNK_BYTES + 5456 * 4
+    assert norm_chunk_bytes(LLAMA_8B, step, 100) == 100 * (3 * d + 1) * 4
+    assert norm_chunk_bytes(LLAMA_8B, Step(8192), 8192) == 0
+    assert norm_chunk_bytes(LLAMA_8B, Step(8192, weight_bytes=4, act_bytes=4, lean=True), 8192) == 0
+    monkeypatch.setattr(norm_chunks, "CHUNK_BYTES", 64 * d * 12)
+    assert norm_chunk_bytes(LLAMA_8B, step, 8192) == 64 * (3 * d + 1) * 4
 
 
 def test_the_head_loss_holds_a_chunks_gradient_beside_the_next_chunks_logits():

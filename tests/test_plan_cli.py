@@ -72,7 +72,7 @@ def test_the_json_has_every_plan_and_the_chosen_one(capsys):
     assert status == 0
     keys = {"model", "shape", "length", "gpus", "gpu_memory_gib", "host_memory_gib", "margin_gib", "plans"}
     assert set(result) == keys | {"fits", "plan", "flags", "command", "short_gib"}
-    assert len(result["plans"]) == 8 * 4  # every combination at N = 1, 2, 4, 8 (the 8 key-value heads)
+    assert len(result["plans"]) == 8 * 5  # every combination at N = 1, 2, 4, 8, 16 (16: two copies of each kv head)
     assert set(result["plans"][0]) == {"techniques", "sequence_parallel", "gpu_gib", "host_gib_per_node", "peak_at"} | {
         "fits"
     }
@@ -96,22 +96,24 @@ def test_when_none_fits_the_closest_says_what_is_short(capsys):
     words = ("--model", "Llama 3.1 8B", "--length", "16777216", "--gpus", "8", "--gpu-memory", H100)
     assert main(plan(*words)) == 1
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("no plan fits; the closest, N=8 with --tiled-mlp --offload-checkpoints")
-    assert "GPU memory by 305.4 GiB (385.0 GiB per GPU against 79.6)" in last
+    assert last.startswith("no plan fits; the closest, N=8 with --no-copies --tiled-mlp --offload-checkpoints")
+    assert "GPU memory by 114.0 GiB (193.6 GiB per GPU against 79.6)" in last
     assert "host memory by 2048.0 GiB (4096 GiB per node against 2048)" in last
     status, result = run_json(capsys, *words)
     assert status == 1 and not result["fits"] and not any(p["fits"] for p in result["plans"])
-    assert result["short_gib"]["gpu"] == pytest.approx(305.4, abs=0.05)
+    assert result["short_gib"]["gpu"] == pytest.approx(114.0, abs=0.05)
 
 
 def test_host_memory_limits_offloading(capsys):
     """At 1M tokens on 4 H100s only offloading fits (256 GiB a node of host memory): with 200 GiB none does, and the
-    closest plan is the offloading one, short of host memory."""
+    closest plan is one without offloading, short of GPU memory only (91.3 GiB against 79.6 is nearer than 256 GiB
+    of host memory against 200)."""
     words = ("--model", "Llama 3.1 8B", "--length", "1048576", "--gpus", "4", "--gpu-memory", H100)
     assert main(plan(*words, "--host-memory", "256")) == 0
     assert main(plan(*words, "--host-memory", "200")) == 1
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert "the closest, N=4 with --offload-checkpoints, is short of host memory by 56.0 GiB (256 GiB per node" in last
+    assert "the closest, N=4 with --no-copies --tiled-mlp, is short of GPU memory by 11.7 GiB (91.3 GiB per GPU" in last
+    assert "host memory" not in last
 
 
 def test_the_host_can_be_what_is_short(capsys):
@@ -151,7 +153,7 @@ def test_the_cost_order_is_the_documented_one():
         ("lean", "tiled", "offload"),
     )
     order = [(p.techniques, p.sequence_parallel) for p in planner.plans(planner.SHAPES["Qwen2.5 7B"], 65536, 8)]
-    assert order[:4] == [((), 1), ((), 2), ((), 4), (("lean",), 1)]  # N divides the 4 key-value heads
+    assert order[:4] == [((), 1), ((), 2), ((), 4), (("lean",), 1)]  # 28 heads, 4 kv: N = 1, 2, 4 (or 28) on 8 GPUs
 
 
 @pytest.mark.parametrize("as_file", [False, True])

@@ -1,4 +1,5 @@
-"""A Llama-style RMSNorm that keeps its half-precision input for the backward instead of an fp32 copy of it.
+"""A Llama-style RMSNorm that keeps its half-precision input for the backward instead of an fp32 copy of it, and
+makes its fp32 temporaries over chunks of tokens, not over the whole row.
 
 ``LlamaRMSNorm.forward`` computes ``h = x.to(float32)``, ``var = h.pow(2).mean(-1, keepdim=True)``,
 ``n = h * rsqrt(var + eps)`` and ``weight * n.to(x.dtype)``: autograd keeps ``h`` (fp32, 4 bytes an element) for the
@@ -7,11 +8,25 @@ bf16/fp16 ``x`` that fp32 copy is needless: ``x.to(float32)`` is exact, so the b
 (2 bytes an element). :class:`LeanRMSNorm` keeps ``x``, the fp32 reciprocal RMS ``r`` (shape ``(..., 1)``) and the
 weight, and nothing else.
 
+Chunks: every op but the weight gradient's sum works on each token's own D values, so :class:`LeanRMSNorm` runs its
+forward and its input gradient over chunks of tokens (rows of the (tokens, D) view; ``norm_chunks.chunk_sizes``, the
+rule ``norm_chunks.CHUNK_BYTES``), writing each chunk's result into a tensor made once for the row (the output and
+``r``, or the input gradient): its fp32 temporaries are one chunk's (``norm_chunks.chunk_peak_bytes``), whatever the
+row's length. Writing
+into one tensor holds less than ``torch.cat`` of the chunks' results, which holds them all beside the joined copy
+(two half-precision rows against one; tests/test_no_copies.py measures both). The weight's gradient is a sum over the
+tokens: it is summed over the whole row as the stock backward sums it (chunks would change the order of the sum), only
+its factor ``n.to(x.dtype)`` is made chunk by chunk. A tensor whose strides allow no (tokens, D) view (a transposed
+input) runs as one chunk.
+
 Bit for bit: the forward runs the stock ops in the stock order, and the backward replays the ops torch's autograd
 formulas run for that graph (``derivatives.yaml``: mul ``grad * other``, ``_to_copy`` casts the grad back, rsqrt
 ``-0.5 * grad * result.pow(3)``, mean ``grad.expand(shape) / n``, pow ``grad * (2 * self)``), with the engine's own
 steps between them (a grad is summed to its input's shape, then cast to its input's dtype; the two grads of ``h`` are
-added). Output, input grad and weight grad are ``torch.equal`` to the stock module's on a CPU (tests/test_no_copies.py).
+added). Some run in place on a temporary no longer needed, with the same arithmetic element for element
+(``a.mul_(b)`` for ``b * a``; the expanded mean gradient divided once per token). A chunk's per-token sums over D see
+the values the whole row's see, in the same order (``norm_chunks.MIN_CHUNK``). Output, input grad and weight grad are
+``torch.equal`` to the stock module's on a CPU, the chunks engaged or not (tests/test_no_copies.py).
 
 :func:`enable_lean_norms` gives the lean forward to every Llama-style RMSNorm of a model as an instance attribute
 (``module.forward``; parameters and state-dict keys unchanged), and its disable function deletes exactly those
@@ -32,6 +47,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .norm_chunks import _all_rows, _chunks, _rows
+
 HALF = (torch.bfloat16, torch.float16)  # input dtypes with an fp32 copy to spare
 PROBE_SHAPE = (2, 3)  # leading dims of the probe input; the last is the norm's size
 PROBE_SEED = 0  # a generator of its own: the probe draws nothing from the global RNG
@@ -47,24 +64,45 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 
 class LeanRMSNorm(torch.autograd.Function):
-    """The Llama RMSNorm keeping ``x`` (half), ``r`` (fp32, (..., 1)) and the weight; see the module docstring."""
+    """The Llama RMSNorm keeping ``x`` (half), ``r`` (fp32, (..., 1)) and the weight, over chunks of tokens; see the
+    module docstring."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        h = x.to(torch.float32)  # (..., D) fp32: made here, dropped on return
-        variance = h.pow(2).mean(-1, keepdim=True)
-        r = torch.rsqrt(variance + eps)  # (..., 1) fp32
+        r, out = _forward(x, weight, eps)
         ctx.save_for_backward(x, r, weight)
-        return weight * (h * r).to(x.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, r, weight = ctx.saved_tensors
-        h = x.to(torch.float32)  # exact: the same fp32 values the forward had
-        normed = (h * r).to(x.dtype)  # (..., D) in x's dtype: the weight's other factor
-        grad_x = _input_grad(grad, h, r, weight, x.dtype) if ctx.needs_input_grad[0] else None
-        grad_w = _weight_grad(grad, normed, weight) if ctx.needs_input_grad[1] else None
+        # the weight's first: its row-wide factor is freed before the input gradient is made
+        grad_w = _weight_grad(grad, x, r, weight) if ctx.needs_input_grad[1] else None
+        grad_x = _input_grad(grad, x, r, weight) if ctx.needs_input_grad[0] else None
         return grad_x, grad_w, None
+
+
+def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r (..., 1) fp32, the output (..., D) in the promoted dtype and x's layout, as the stock's) of x (..., D) half,
+    chunk by chunk (:func:`_forward_chunk`)."""
+    x_rows = _rows(x)
+    if x_rows is None:
+        return _forward_chunk(x, weight, eps)
+    out = torch.empty_like(x, dtype=torch.promote_types(weight.dtype, x.dtype))  # x's layout: a (tokens, D) view
+    r = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    out_rows, r_rows = _rows(out), _rows(r)
+    for part in _chunks(x_rows.shape[0], x.shape[-1]):
+        r_rows[part] = _forward_chunk(x_rows[part], weight, eps, out=out_rows[part])[0]
+    return r, out
+
+
+def _forward_chunk(x, weight, eps, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stock forward of x (..., D) half: (r (..., 1) fp32, the output, in ``out`` where given). fp32 temporaries:
+    ``h`` and ``h.pow(2)``, then ``h`` and ``h * r`` beside its half cast."""
+    h = x.to(torch.float32)  # (..., D) fp32: exact
+    variance = h.pow(2).mean(-1, keepdim=True)  # (..., 1) fp32: a mean over each token's own D values
+    r = torch.rsqrt(variance + eps)  # (..., 1) fp32
+    return r, torch.mul(weight, (h * r).to(x.dtype), out=out)
 
 
 def _to_input(grad: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -73,20 +111,59 @@ def _to_input(grad: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torc
     return grad if grad.dtype == dtype else grad.to(dtype)
 
 
-def _weight_grad(grad: torch.Tensor, normed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """MulBackward0 of ``weight * normed`` for the weight: ``grad * normed`` summed to (D,)."""
-    return _to_input(grad * normed, weight.shape, weight.dtype)
+def _normed(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """The forward's ``(h * r).to(x.dtype)`` (..., D) in x's dtype and layout (the stock's ``h`` has x's layout), made
+    chunk by chunk: fp32 temporaries a chunk's ``h`` and ``h * r``."""
+    rows = _all_rows(x, r)
+    if rows is None:
+        return (x.to(torch.float32) * r).to(x.dtype)
+    normed = torch.empty_like(x)  # x's layout: a (tokens, D) view
+    normed_rows = _rows(normed)
+    for part in _chunks(rows[0].shape[0], x.shape[-1]):
+        normed_rows[part] = rows[0][part].to(torch.float32) * rows[1][part]  # the copy casts as .to does
+    return normed
 
 
-def _input_grad(grad, h, r, weight, input_dtype) -> torch.Tensor:
-    """The stock backward from the output to ``x``: grad (..., D) in the output's dtype, h (..., D) fp32, r (..., 1)."""
-    grad_normed = _to_input(grad * weight, h.shape, input_dtype).to(torch.float32)  # MulBackward0, then ToCopyBackward0
-    grad_h = grad_normed * r  # MulBackward0 of h * r, for h
-    grad_r = _to_input(grad_normed * h, r.shape, r.dtype)  # ... and for r: (..., 1)
-    grad_variance = -0.5 * grad_r * r.pow(3)  # RsqrtBackward0 (the + eps passes it through)
-    grad_square = grad_variance.expand(h.shape) / h.shape[-1]  # MeanBackward1
-    grad_h = grad_h + grad_square * (2.0 * h)  # PowBackward0, added to the other grad of h
-    return grad_h.to(input_dtype)  # ToCopyBackward0 of x.to(float32)
+def _weight_grad(grad: torch.Tensor, x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """MulBackward0 of ``weight * normed`` for the weight: ``grad * normed`` summed to (D,) over the whole row (a sum
+    over tokens: chunks would change its order). The product is made in ``normed``'s place where that is the stock
+    product's dtype and layout (grad of x's dtype and strides), else beside it, as the stock's: at most two row-wide
+    tensors in grad's dtype beside grad."""
+    normed = _normed(x, r)
+    if grad.dtype == normed.dtype and grad.stride() == normed.stride():
+        product = normed.mul_(grad)  # normed * grad == grad * normed bit for bit, in the layout the stock's has
+    else:
+        product = grad * normed
+    del normed
+    return _to_input(product, weight.shape, weight.dtype)
+
+
+def _input_grad(grad: torch.Tensor, x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The stock backward from the output to x (..., D): grad (..., D) in the output's dtype, r (..., 1) fp32; the
+    input gradient (x's dtype and layout) written chunk by chunk (:func:`_input_grad_chunk`)."""
+    rows = _all_rows(grad, x, r)
+    if rows is None:
+        return _input_grad_chunk(grad, x, r, weight).to(x.dtype)
+    grad_x = torch.empty_like(x)  # x's layout: a (tokens, D) view
+    grad_x_rows = _rows(grad_x)
+    for part in _chunks(rows[0].shape[0], x.shape[-1]):
+        grad_x_rows[part] = _input_grad_chunk(rows[0][part], rows[1][part], rows[2][part], weight)  # cast as .to
+    return grad_x
+
+
+def _input_grad_chunk(grad, x, r, weight) -> torch.Tensor:
+    """The fp32 input gradient (ToCopyBackward0 of ``x.to(float32)`` is the caller's cast) of the tokens of x (..., D)
+    half, grad (..., D), r (..., 1) fp32: autograd's ops on the same values, some in place (``grad_normed`` becomes
+    the gradient of h, ``h`` becomes ``2 h`` times the mean's gradient). fp32 (..., D) temporaries: at most
+    :data:`CHUNK_FP32` (``h``, ``grad_normed`` and their product)."""
+    h = x.to(torch.float32)  # (..., D) fp32: exact, the same values the forward had
+    grad_normed = _to_input(grad * weight, h.shape, x.dtype).to(torch.float32)  # MulBackward0, then ToCopyBackward0
+    grad_r = _to_input(grad_normed * h, r.shape, r.dtype)  # MulBackward0 of h * r, for r: (..., 1)
+    grad_h = grad_normed.mul_(r)  # ... and for h, in grad_normed's place: grad_normed * r
+    grad_variance = -0.5 * grad_r * r.pow(3)  # RsqrtBackward0 (the + eps passes it through): (..., 1)
+    grad_square = grad_variance / h.shape[-1]  # MeanBackward1: each token's value of grad.expand(h.shape) / D
+    pow_grad = h.mul_(2.0).mul_(grad_square)  # PowBackward0: grad_square * (2.0 * h), in h's place
+    return grad_h.add_(pow_grad)  # added to the other grad of h
 
 
 def lean_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...attention.ulysses import allowed_sizes
 from ...util.did_you_mean import did_you_mean
 from .model import Shape, Step, _default_tile, predict, total
 
@@ -51,7 +52,8 @@ CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_att
 @dataclass(frozen=True)
 class Plan:
     """One way to run a row: its techniques, the split N over G GPUs, the bytes a GPU holds (the model's total plus
-    the margin), the host bytes a node holds, and the moment of the peak ("layer" or "loss")."""
+    the margin), the host bytes a node holds, and the moment of the peak (``model.predict``'s "mlp", "norm",
+    "attention" or "loss")."""
 
     techniques: tuple[str, ...]
     sequence_parallel: int
@@ -116,10 +118,10 @@ def positive_int(value) -> bool:
 
 
 def splits(shape: Shape, tokens: int, gpus: int) -> list[int]:
-    """Every sequence-parallel N the code allows on ``gpus`` GPUs: N divides the GPUs, the query and the key-value
-    heads and the row's tokens."""
-    allowed = (gpus, shape.heads, shape.kv_heads, tokens)
-    return [n for n in range(1, gpus + 1) if all(x % n == 0 for x in allowed)]
+    """Every sequence-parallel N the code allows on ``gpus`` GPUs: N divides the GPUs and the row's tokens, and the
+    heads allow it (N divides the query heads, and divides or is a multiple of the key-value heads, whose copies it
+    then holds)."""
+    return [n for n in allowed_sizes(shape.heads, shape.kv_heads) if gpus % n == 0 and tokens % n == 0]
 
 
 def step_of(shape: Shape, tokens: int, gpus: int, n: int, techniques: tuple[str, ...]) -> Step:
