@@ -110,6 +110,17 @@ SMALL = dict(
 )
 
 
+def random_lora_b(model, scale: float = 0.05, seed: int | None = None):
+    """``model`` with its LoRA B matrices drawn from N(0, scale) (from the global RNG, or a generator seeded with
+    ``seed``) instead of peft's zeros, so that every adapter's A has a gradient and every adapter moves the output."""
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, scale, generator=generator)
+    return model
+
+
 def tiny_config(family: str = "llama", rope_parameters: dict | None = None, **overrides):
     """A 2-layer GQA config of ``family`` (4 query heads, 2 kv heads, head_dim 16 unless overridden)."""
     kwargs = {**TINY, **FAMILIES[family], **overrides}

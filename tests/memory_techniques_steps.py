@@ -4,6 +4,7 @@ the memory techniques asked for: shared by ``test_memory_techniques.py`` and the
 
 import torch
 import torch.distributed as dist
+from conftest import random_lora_b
 from sequence_parallel_types import LENGTH, NO_CP, lora_model
 
 from hf_rope_ext.train.loop import forward_loss
@@ -19,11 +20,7 @@ def step_grads(rope_type: str, offload=False, tile=None, no_copies=False, sequen
     """(loss, {adapter name: gradient}) of one step on PoSE rows (positions with skips), gradients averaged over the
     sequence group as DDP would; LoRA on every linear layer, the MLP's included."""
     model = lora_model(rope_type, targets)
-    with torch.no_grad():  # B away from peft's zeros, so that every A has a gradient to compare
-        generator = torch.Generator().manual_seed(3)
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(0.05 * torch.randn(p.shape, generator=generator))
+    random_lora_b(model, seed=3)  # B away from peft's zeros, so that every A has a gradient to compare
     tile_model(model, tile)
     disable_techniques = enable_techniques(model, offload, no_copies)
     disable_split = enable(model, sequence)

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import random_lora_b  # noqa: E402
 from sequence_parallel_types import LENGTH, NO_CP, TYPES, average, lora_model  # noqa: E402
 
 from hf_rope_ext.train.loop import forward_loss  # noqa: E402
@@ -43,11 +44,7 @@ def batches() -> dict[str, tuple]:
 def model_with_random_b(rope_type: str):
     """``lora_model`` of HEADS with every LoRA B drawn (seeded) instead of peft's zeros."""
     model = lora_model(rope_type, **HEADS)
-    generator = torch.Generator().manual_seed(1)
-    for name, p in model.named_parameters():
-        if "lora_B" in name:
-            p.data.copy_(0.1 * torch.randn(p.shape, generator=generator))
-    return model
+    return random_lora_b(model, 0.1, seed=1)
 
 
 def gradients(model, sequence, batch: tuple) -> tuple[float, dict]:

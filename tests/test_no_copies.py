@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import random_lora_b
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -34,10 +35,7 @@ def bf16_lora_model(train_norms=False, checkpointing=False):
     """A seeded tiny Llama in bf16 with fp32 LoRA (B random, so every adapter has a gradient), in training mode."""
     torch.manual_seed(0)
     model = apply_lora(LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.bfloat16), rank=8, train_norms=train_norms)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0.0, 0.05)
+    random_lora_b(model)
     if checkpointing:
         enable_activation_checkpointing(model, use_reentrant=False)
     return model.train()

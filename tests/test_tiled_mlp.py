@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import random_lora_b, tiny_model
 from torch import nn
 
 from hf_rope_ext.train.lora import apply_lora
@@ -29,10 +29,7 @@ def lora_model(family="llama", targets=MLP, checkpointing=False, dropout=0.0, **
     """A seeded tiny ``family`` model in training mode with LoRA on ``targets`` (B random: every adapter gets a
     gradient and moves the output)."""
     model = apply_lora(tiny_model(family, **{**SHAPE, **shape}), rank=8, target_modules=targets, dropout=dropout)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0.0, 0.05)
+    random_lora_b(model)
     if checkpointing:
         enable_activation_checkpointing(model, use_reentrant=False)
     return model.train()
