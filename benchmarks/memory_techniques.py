@@ -16,6 +16,7 @@ norms' inputs are already fp32): its points are left to the half-precision steps
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from hf_rope_ext.train.memory.model import Step, predict, total
 from hf_rope_ext.train.memory.planner import shape_of
+from hf_rope_ext.train.memory.tiled_mlp import default_tile
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -61,32 +63,28 @@ POINTS = [
 ]
 
 
-def bench():
+@functools.cache
+def shapes() -> dict:
+    """bench_lora_memory.SHAPES: the Llama config keys of each shape the points name."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_lora_memory
 
-    return bench_lora_memory
+    return bench_lora_memory.SHAPES
 
 
-def step_of(point: Point) -> Step:
-    """The model's step for a point: float32 weights and activations, the head loss, on the CPU."""
+def step_of(point: Point, hidden: int) -> Step:
+    """The model's step for a point: float32 weights and activations, the head loss, on the CPU, the tile ALST's."""
     offload, tiled, lean = COMBINATIONS[point.combination]
-    shape = shape_of(bench().SHAPES[point.shape], point.layers)
-    tile = default_tile(shape.hidden, point.length // point.processes) if tiled else 0
-    step = Step(point.length, point.processes, 1, 4, 4, 8, loss="head", device="cpu")
-    return Step(**{**step.__dict__, "offload": offload, "tile": tile, "lean": lean})
-
-
-def default_tile(hidden: int, tokens: int) -> int:
-    from hf_rope_ext.train.memory.tiled_mlp import default_tile as rule
-
-    return rule(hidden, tokens)
+    tile = default_tile(hidden, point.length // point.processes) if tiled else 0
+    return Step(
+        point.length, point.processes, 1, 4, 4, 8, loss="head", device="cpu", offload=offload, tile=tile, lean=lean
+    )
 
 
 def predicted(point: Point) -> tuple[float, float, str]:
     """(device bytes the live peak counts, host bytes, the moment of the peak)."""
-    shape = shape_of(bench().SHAPES[point.shape], point.layers)
-    terms = predict(shape, step_of(point))
+    shape = shape_of(shapes()[point.shape], point.layers)
+    terms = predict(shape, step_of(point, shape.hidden))
     return total(terms, ("adapter_grads", "activations")), terms["host"], terms["peak_at"]
 
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 from memory_techniques_steps import step_grads  # noqa: E402
+from sequence_parallel_types import gradient_gaps  # noqa: E402
 
 from hf_rope_ext.train.sequence_parallel import make_group  # noqa: E402
 
@@ -37,8 +38,8 @@ def main() -> None:
 def differences(a, b) -> dict:
     """Loss gap and the largest per-tensor max |a - b| / max |a| over the adapter gradients."""
     (loss_a, grads_a), (loss_b, grads_b) = a, b
-    gaps = [float((grads_a[k] - grads_b[k]).abs().max() / grads_a[k].abs().max()) for k in grads_a]
-    return {"loss": abs(float(loss_a) - float(loss_b)), "grads": max(gaps), "tensors": len(gaps)}
+    gaps = gradient_gaps(grads_a, grads_b)
+    return {"loss": abs(float(loss_a) - float(loss_b)), "grads": max(gaps.values()), "tensors": len(gaps)}
 
 
 if __name__ == "__main__":

@@ -3,9 +3,8 @@ the memory techniques asked for: shared by ``test_memory_techniques.py`` and the
 ``memory_techniques_split.py``."""
 
 import torch
-import torch.distributed as dist
 from conftest import random_lora_b
-from sequence_parallel_types import LENGTH, NO_CP, lora_model
+from sequence_parallel_types import LENGTH, NO_CP, average, lora_model
 
 from hf_rope_ext.train.loop import forward_loss
 from hf_rope_ext.train.memory.techniques import enable_techniques, tile_model
@@ -29,11 +28,8 @@ def step_grads(rope_type: str, offload=False, tile=None, no_copies=False, sequen
     positions = position_ids("pose", ROWS, WINDOW, LENGTH, generator, 3)
     loss = forward_loss(NO_CP, model, ids, positions, None, sequence)
     loss.backward()
+    average(model, loss, [], sequence)
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    if sequence.size > 1:
-        for g in grads.values():
-            dist.all_reduce(g, group=sequence.group)
-            g /= sequence.size
     disable_split()
     disable_techniques()
     return loss.detach(), grads

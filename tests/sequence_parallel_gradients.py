@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import random_lora_b  # noqa: E402
-from sequence_parallel_types import LENGTH, NO_CP, TYPES, average, lora_model  # noqa: E402
+from sequence_parallel_types import LENGTH, NO_CP, TYPES, average, gradient_gaps, lora_model  # noqa: E402
 
 from hf_rope_ext.train.loop import forward_loss  # noqa: E402
 from hf_rope_ext.train.positions import position_ids  # noqa: E402
@@ -62,9 +62,9 @@ def gradients(model, sequence, batch: tuple) -> tuple[float, dict]:
 def gaps(one: tuple, split: tuple) -> dict:
     """Relative gaps of the loss and of each gradient tensor (max |a - b| / max |a|); the smallest max |a|."""
     (loss_a, grads_a), (loss_b, grads_b) = one, split
-    sizes = {k: float(g.abs().max()) for k, g in grads_a.items()}
-    worst = max(float((grads_a[k] - grads_b[k]).abs().max()) / max(sizes[k], 1e-30) for k in grads_a)
-    return {"loss": abs(loss_a - loss_b) / abs(loss_a), "grads": worst, "smallest": min(sizes.values())}
+    smallest = min(float(g.abs().max()) for g in grads_a.values())
+    worst = max(gradient_gaps(grads_a, grads_b).values())
+    return {"loss": abs(loss_a - loss_b) / abs(loss_a), "grads": worst, "smallest": smallest}
 
 
 def compare(rope_type: str, sequence) -> None:

@@ -86,6 +86,11 @@ def average(model, loss, losses: list, sequence) -> None:
     losses.append(float(shared))
 
 
+def gradient_gaps(a: dict, b: dict) -> dict[str, float]:
+    """Per tensor of ``a``: max |a - b| / max |a| (the reference's largest entry; a zero tensor counts as 1e-30)."""
+    return {k: float((a[k] - b[k]).abs().max()) / max(float(a[k].abs().max()), 1e-30) for k in a}
+
+
 def local_positions(x, group):
     """The negative control's gather: this rank's ids in every shard's place."""
     return x.repeat(1, dist.get_world_size(group))

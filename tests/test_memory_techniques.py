@@ -12,13 +12,9 @@ import pytest
 import torch
 from finetune_launch import torchrun
 from memory_techniques_steps import step_grads
-from sequence_parallel_types import TYPES
+from sequence_parallel_types import TYPES, gradient_gaps
 
 ROUNDING = 1e-6  # per tensor, max |a - b| <= ROUNDING * max |a| (fp32)
-
-
-def relative_gaps(a, b) -> dict[str, float]:
-    return {k: float((a[k] - b[k]).abs().max() / a[k].abs().max()) for k in a}
 
 
 @pytest.mark.parametrize("rope_type", TYPES)
@@ -29,7 +25,7 @@ def test_every_technique_keeps_the_plain_step(rope_type):
     for options in (dict(tile=16), dict(tile=0), dict(offload=True, tile=16, no_copies=True)):
         other_loss, other = step_grads(rope_type, **options)
         assert float((other_loss - loss).abs()) <= ROUNDING * float(loss.abs()), options
-        gaps = relative_gaps(grads, other)
+        gaps = gradient_gaps(grads, other)
         assert max(gaps.values()) <= ROUNDING, (options, {k: v for k, v in gaps.items() if v > ROUNDING})
     assert len(grads) == 2 * 7 * 2  # A and B of 7 targets in 2 layers: the MLP's adapters are compared too
 
