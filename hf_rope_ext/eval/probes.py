@@ -85,11 +85,18 @@ def run_probes(
     """The record of ``samples`` prompts of ``kind`` of ``split`` at ``length`` tokens (``aggregate``), asking only
     the prompts ``log`` does not hold yet; ``variant``: ``seeds_of`` and ``chat`` of ``splits.prompts``."""
     chosen = prompts(tokenizer, split, kind, length, samples, **variant)
+    found = ask(
+        model, tokenizer, chosen, log, bar_of=lambda r: bar(r, desc=f"{split} {kind} @{length}", enabled=progress)
+    )
+    return aggregate(split, kind, length, [found[p.prompt_id] for p in chosen], [len(p.ids) for p in chosen])
+
+
+def ask(model, tokenizer, chosen: list[Prompt], log=None, bar_of=None) -> dict[str, list]:
+    """prompt_id -> probes of every prompt of ``chosen``: those ``log`` holds for the very same tokens read back, the
+    others answered (read in the order of their tokens, so that shared prefixes are adjacent) and appended to it."""
     ident = {p.prompt_id: (p.prompt_id, prompt_sha(p)) for p in chosen}
     found = log.done() if log is not None else {}
-    todo = sorted(
-        (p for p in chosen if ident[p.prompt_id] not in found), key=lambda p: p.ids
-    )  # shared prefixes adjacent
+    todo = sorted((p for p in chosen if ident[p.prompt_id] not in found), key=lambda p: p.ids)
 
     def done(i: int, answers: list[str]) -> None:
         prompt = todo[i]
@@ -98,9 +105,8 @@ def run_probes(
             log.append(prompt, found[ident[prompt.prompt_id]])
 
     questions = [[(n.question, answer_tokens(n.key)) for n in p.needles] for p in todo]
-    bar_of = lambda r: bar(r, desc=f"{split} {kind} @{length}", enabled=progress)  # noqa: E731
-    read_prompts(model, tokenizer, [p.ids for p in todo], questions, bar_of, done)
-    return aggregate(split, kind, length, [found[ident[p.prompt_id]] for p in chosen], [len(p.ids) for p in chosen])
+    read_prompts(model, tokenizer, [p.ids for p in todo], questions, bar_of or (lambda r: bar(r, enabled=False)), done)
+    return {p.prompt_id: found[ident[p.prompt_id]] for p in chosen}
 
 
 def probes_of(prompt: Prompt, answers: list[str]) -> list:
