@@ -34,12 +34,14 @@ from hf_rope_ext.eval.metadata import folder_hash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import headline_controls as controls  # noqa: E402
+import headline_replay as replay  # noqa: E402
+import log_history  # noqa: E402
 import results_at_a_glance as glance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results" / "real-model"
 LENGTH = 32768
-SAMPLES = {"classic": 30, "multikey": 8}  # prompts per probe on test: 30 keys, 8 x 3 = 24 keys
+SAMPLES = controls.SAMPLES  # prompts per probe on test: 30 keys, 24 x 3 = 72 keys
 TARGETS = {"training-free": 0.8, "adapter": 0.9}  # share of keys found at 4x
 MODEL = "<smollm2>"  # `hf-rope-ext get-smollm2` prints the folder
 ADAPTER = "examples/smollm2-self-extend-retrieval-lora"
@@ -98,8 +100,8 @@ def table(done: dict, chosen: dict) -> str:
     the target's verdict on test (by the interval that fits the probe)."""
     lines = [
         "| configuration | probe | dev, 4x (chosen on it) | test, 4x (held out) | same keys at 1x, this configuration "
-        "| same keys at 1x, model as saved | retention | 4x vs as saved at 1x | target | on test |",
-        "|---|---|---|---|---|---|---:|---|---:|---|",
+        "| same keys at 1x, model as saved | kept | gained | 4x vs as saved at 1x | target | on test |",
+        "|---|---|---|---|---|---|---|---|---|---:|---|",
     ]
     columns, dev_shown_cells = controls.headline_columns(controls.keys_of(done)), []
     for cell, (kind, dev_key, _) in TEST_CELLS.items():
@@ -111,7 +113,7 @@ def table(done: dict, chosen: dict) -> str:
             met = verdict(c["record"], TARGETS[kind]) if c["record"]["n"] else "-"
             lines.append(
                 f"| {label(done, dev_key)} | {probe} | {shown_dev} | {c['test']} | {c['1x']} | {c['saved']} "
-                f"| {c['retention']} | {c['mcnemar']} | {TARGETS[kind]:.0%} | {met} |"
+                f"| {c['kept']} | {c['gained']} | {c['paired']} | {TARGETS[kind]:.0%} | {met} |"
             )
     chose = ", ".join(f"{kind}: `{name}`" for kind, name in chosen.items())
     return "\n".join(lines) + "\n\n" + notes(chose, dev_shown_cells) + "\n"
@@ -128,11 +130,14 @@ NOTES = (
     "Chosen on dev before the test run (most hits over both probes at 32768 tokens): {chose}; the choice stands "
     "whatever a re-run of dev shows. Base weights: the Q4_1 GGUF dequantized; float32; plain-text prompts, no chat "
     "template. One rule scores every count: the answer starts, after spaces, with exactly the key. Classic: 30 "
-    "prompts of one key, Wilson 95% intervals; multikey: 8 prompts of three keys, intervals marked (by prompt) from"
-    ' a cluster bootstrap over prompts (percentile, 10,000 resamples, seed 20261129). "Same keys at 1x": the test '
-    "prompts told in 8192 tokens (the model's training length) with the same keys, objects, wordings and depths. "
-    "Retention: 4x hits over the model as saved's 1x hits, on the keys asked at both. The column after it: keys "
-    "found only at 4x (+) and only by the model as saved at 1x (-), with the exact McNemar p."
+    "prompts of one key, Wilson 95% intervals; multikey: 24 prompts of three keys (the first 8 measured before, 16 "
+    "added; the 24-prompt result replaces the 8-prompt one whatever it shows), intervals marked (by prompt): Wilson "
+    'with n = the number of prompts (its coverage simulated in docs/results/real-model/coverage.md). "Same keys at '
+    '1x": the '
+    "test prompts told in 8192 tokens (the model's training length) with the same keys, objects, wordings and "
+    "depths. Kept: of the keys the model as saved finds at 1x, those found at 4x; gained: of the keys it misses, those "
+    "found at 4x. The column after them: keys found only at 4x (+) and only by the model as saved at 1x (-), with "
+    "the exact two-sided p over prompts (a prompt's keys together; McNemar's for classic)."
 )
 STARRED = " Dev cells marked * were scored by the first rule (the answer starts with the key, 6 tokens generated)."
 CONFIGURATION = {"se": "self_extend", "se-lora": "self_extend + LoRA"}  # headline_controls' configuration names
@@ -188,7 +193,7 @@ def label(done: dict, dev_key: str) -> str:
 
 
 def plot(done: dict, path: Path) -> None:
-    """Points with 95% error bars (Wilson; multikey on test and at 1x: cluster bootstrap): per configuration and
+    """Points with 95% error bars (Wilson; multikey: Wilson by prompt): per configuration and
     probe, dev, test and the same keys at 1x side by side."""
     from hf_rope_ext.eval.plots import _pyplot
 
@@ -259,16 +264,37 @@ def main(argv=None) -> None:
     if chosen != {kind: dev_key for kind, dev_key, _ in TEST_CELLS.values()}:
         raise SystemExit(f"the dev choice {chosen} is not what TEST_CELLS measures on test: run the chosen cells")
     tokenizer = loading.load_tokenizer(smollm2.ensure())
+    PROMPTS.write_text(json.dumps(prompt_list(tokenizer), indent=1) + "\n")
     done |= controls.records(tokenizer)  # the test records at 4x and their controls
     for cell in TEST_CELLS:
         done |= dev_records(tokenizer, cell)
     results.write_text(json.dumps(done, indent=1) + "\n")
-    controls.PAGE.write_text(controls.page(done))
+    history = {"4x lines": log_history.time_range([controls.CELLS[name].log for name in controls.RECORDED_AS])}
+    history["replay"] = replay.section(replay.compare(replay.chosen_ids()))
+    controls.HISTORY.write_text(json.dumps(history, indent=1) + "\n")
+    controls.PAGE.write_text(controls.page(done, history))
     (RESULTS / "headline.md").write_text(table(done, chosen))
     plot(done, RESULTS / "headline.png")
     print(table(done, chosen))
     for page in PAGES if args.write else ():
         glance.replace_block(page, "results", table(done, chosen).strip())
+
+
+PROMPTS = RESULTS / "test-prompts.json"
+
+
+def prompt_list(tokenizer) -> dict[str, dict[str, list]]:
+    """cell -> probe -> [prompt_id, prompt_sha] of every test prompt the cell counts (``controls.read_log`` counts a
+    logged line only for these very tokens): the list committed before the runs that fill it."""
+    out = {}
+    for name, cell in controls.CELLS.items():
+        out[name] = {}
+        for probe in SAMPLES:
+            chosen = splits.prompts(
+                tokenizer, "test", probe, cell.length, cell.samples(probe), cell.seeds_of, cell.chat
+            )
+            out[name][probe] = [[p.prompt_id, probes.prompt_sha(p)] for p in chosen]
+    return out
 
 
 # the pages with a "results" block

@@ -16,36 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import headline_controls as controls  # noqa: E402
+from log_history import first_commits  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = controls.RESULTS
-MERGE = "cd02b51"  # attention-level types under torch.compile, eager decode steps without host reads
 SEED = 20261207
 CELLS = {"se": ("test-probes-se.jsonl", controls.SE), "se-lora": ("test-probes-se-lora.jsonl", controls.ADAPTER)}
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-
-
-def first_commits(log: str) -> dict[str, dict]:
-    """prompt_id -> {"commit", "date", "after_merge"}: the first commit whose copy of ``log`` holds the line, and
-    whether that commit contains MERGE (oldest first over every commit that touched the file, merges included)."""
-    path, out = f"docs/results/real-model/{log}", {}
-    history = git("log", "--reverse", "--full-history", "-m", "--format=%h %cI", "--", path).split("\n")
-    for entry in dict.fromkeys(line for line in history if line):
-        commit, date = entry.split()
-        text = git("show", f"{commit}:{path}")
-        after = subprocess.run(["git", "merge-base", "--is-ancestor", MERGE, commit], cwd=ROOT).returncode == 0
-        for line in text.splitlines():
-            out.setdefault(json.loads(line)["prompt_id"], {"commit": commit, "date": date, "after_merge": after})
-    return out
 
 
 def chosen_ids() -> list[str]:
@@ -57,14 +38,6 @@ def chosen_ids() -> list[str]:
     before = [i for i in both if "/k3/" in i and not firsts[0][i]["after_merge"]]
     after = [i for i in both if "/k3/" in i and firsts[0][i]["after_merge"]]
     return rng.sample(classic, 3) + rng.sample(before, 2) + rng.sample(after, 1)
-
-
-def time_range() -> str:
-    """The note on when the 4x lines reached the repository, from git: first and last commit and their dates."""
-    firsts = [first_commits(log) for log, _ in CELLS.values()]
-    seen = sorted({(f["date"], f["commit"]) for first in firsts for f in first.values()})
-    (start, first), (end, last) = seen[0], seen[-1]
-    return f"the 4x lines reached the repository between {first} ({start}) and {last} ({end})"
 
 
 def run(ids: list[str]) -> None:
@@ -132,7 +105,7 @@ def section(rows: list[dict]) -> str:
         if len(done) == len(rows)
         else f"{len(done)} of {len(rows)} replayed prompts answer as logged so far."
     )
-    return "\n".join(lines) + "\n\n" + verdict + f" From git: {time_range()}.\n"
+    return "\n".join(lines) + "\n\n" + verdict + "\n"
 
 
 def main(argv=None) -> None:

@@ -288,6 +288,8 @@ def docs_dir(tmp_path_factory):
 def load_script(name: str):
     """The module of ``experiments/<name>.py`` (the scripts that reproduce results; not a package), loaded afresh."""
     path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
+    if str(path.parent) not in sys.path:  # the scripts import one another, as when run from their folder
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there

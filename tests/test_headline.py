@@ -70,11 +70,12 @@ def test_the_table_says_met_only_when_the_lower_bound_clears_the_target(headline
     headline.annotate_dev(done)
     text = headline.table(done, {})
     assert "| classic | 10/10 [0.72, 1.00] * | 30/30 [0.89, 1.00] | - | 25/30 [0.66, 0.93] |" in text
-    assert "| 1.20 (30/25) | +5/-0 of 30, p=0.062 | 80% | met |" in text
-    lo, hi = headline.controls.paired.cluster_bootstrap([(3, 3)] * 6 + [(2, 3), (0, 3)])
-    assert f"| multikey | 9/12 [0.47, 0.91] * | 20/24 [{lo:.2f}, {hi:.2f}] (by prompt) | - | - | - | - | 80% |" in text
+    assert "| 25/25 [0.87, 1.00] | 5/5 [0.57, 1.00] | +5/-0 of 30, p=0.062 | 80% | met |" in text
+    lo, hi = headline.controls.paired.by_prompt([(3, 3)] * 6 + [(2, 3), (0, 3)])
+    multikey = f"| multikey | 9/12 [0.47, 0.91] * | 20/24 [{lo:.2f}, {hi:.2f}] (by prompt) (8 of 24 so far) |"
+    assert multikey + " - | - | - | - | - | 80% |" in text
     done["dev-rerun:se:classic"] = [{"probe": "classic", "n": 10, "hits": 7, "interval": [0.4, 0.9], "planned": 10}]
-    assert "| classic | 7/10 [0.40, 0.90] | 30/30" in headline.table(done, {})
+    assert "| classic | 7/10 [0.40, 0.89] | 30/30" in headline.table(done, {})
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/results/real-model.md"])
@@ -90,7 +91,7 @@ def test_the_pages_show_the_table_of_the_committed_records(headline, page):
 @pytest.mark.parametrize("cell", ["se", "se-lora"])
 def test_a_dev_rerun_multikey_count_and_interval_are_by_prompt_from_its_log(headline, cell):
     """The committed ``dev-rerun:<cell>:multikey`` record against its log read here: hits by ``is_hit`` on the logged
-    answers, the interval the cluster bootstrap over the logged prompts (three keys each)."""
+    answers, the interval Wilson by prompt over the logged prompts (three keys each)."""
     from hf_rope_ext.eval import paired, probes
 
     done = json.loads((headline.RESULTS / "results.json").read_text())
@@ -99,8 +100,8 @@ def test_a_dev_rerun_multikey_count_and_interval_are_by_prompt_from_its_log(head
     asked = [json.loads(x)["probes"] for x in lines if "/k3/" in json.loads(x)["prompt_id"]]
     per_prompt = [(sum(probes.is_hit(key, answer) for _, key, answer, _ in keys), len(keys)) for keys in asked]
     assert (record["hits"], record["n"]) == (sum(h for h, _ in per_prompt), sum(n for _, n in per_prompt))
-    assert record["interval"] == list(paired.cluster_bootstrap(per_prompt))
-    assert record["interval_kind"] == "cluster bootstrap" and "(by prompt)" in headline.dev_shown(record, None)
+    assert record["interval"] == paired.by_prompt(per_prompt)
+    assert record["interval_kind"] == "Wilson by prompt" and "(by prompt)" in headline.dev_shown(record, None)
 
 
 def test_the_first_rules_note_is_shown_while_a_dev_cell_scored_by_it_is(headline):

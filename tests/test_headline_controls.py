@@ -21,8 +21,8 @@ def controls(monkeypatch, tmp_path):
     monkeypatch.setattr(module, "LONG", LONG)
     monkeypatch.setattr(module, "SAMPLES", {"classic": 3, "multikey": 2})
     cells = {
-        "as-saved-8192": module.Cell("as saved", SHORT, "saved.jsonl"),
-        "se-32768": module.Cell("self_extend", LONG, "se.jsonl"),
+        "as-saved-8192": module.Cell("as saved", SHORT, "saved.jsonl", multikey=2),
+        "se-32768": module.Cell("self_extend", LONG, "se.jsonl", multikey=2),
     }
     monkeypatch.setattr(module, "CELLS", cells)
     return module
@@ -80,7 +80,7 @@ def test_the_tables_are_made_from_the_records_alone(controls, probe_tokenizer, t
     keys = controls.keys_of(done)
     saved, long = done["control:as-saved-8192:multikey"][0], done["test:se:multikey"][0]
     assert (saved["hits"], saved["n"], long["hits"], long["named"]["hits"]) == (6, 6, 0, 6)
-    assert saved["interval_kind"] == "cluster bootstrap" and saved["prompts"] == 2 and saved["planned"] == 2
+    assert saved["interval_kind"] == "Wilson by prompt" and saved["prompts"] == 2 and saved["planned"] == 2
     assert [k["hit"] for k in keys["se-32768", "classic"]] == [False, False]
     assert controls.pair(keys["as-saved-8192", "classic"], keys["se-32768", "classic"])["only_first"] == 2
     rows = controls.wording_table(keys).splitlines()
@@ -91,5 +91,5 @@ def test_the_tables_are_made_from_the_records_alone(controls, probe_tokenizer, t
 def test_the_controls_page_is_the_page_of_the_committed_records():
     module = load_script("headline_controls")
     done = json.loads((module.RESULTS / "results.json").read_text())
-    assert module.PAGE.read_text() == module.page(done)
+    assert module.PAGE.read_text() == module.page(done, json.loads(module.HISTORY.read_text()))
     assert done["control:as-saved-8192:classic"][0]["per_key"], "the 1x control of the headline is recorded"

@@ -1,19 +1,18 @@
 """The controls of a long-context probe figure: the test split's paired prompts (another length's keys, objects,
-wordings and depths), its chat-template variant, the looser scorer shown beside ``is_hit``, intervals over prompts
-(cluster bootstrap) and the exact McNemar test, and the provenance every probe log line carries."""
+wordings and depths), its chat-template variant, the looser scorer shown beside ``is_hit``, the exact McNemar test
+(``test_interval_coverage`` holds the tests and intervals by prompt), and the provenance every probe log line
+carries."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from hf_rope_ext.cli import main
-from hf_rope_ext.eval import chat_form, intervals, metadata, paired, probes, splits
+from hf_rope_ext.eval import chat_form, metadata, paired, probes, splits
 
 LENGTH = 640  # bytes (ByT5 tokens)
 CHATML = (
@@ -83,39 +82,6 @@ def test_the_looser_scorer_finds_the_key_anywhere_but_not_inside_a_longer_number
     assert probes.names_key(2619, ": 2619") and not probes.is_hit(2619, ": 2619")
     assert probes.names_key(2619, " the number 2619.") and probes.is_hit(2619, " 2619.")
     assert not probes.names_key(2619, " 26190") and not probes.names_key(2619, " 1.")
-
-
-def exact_bootstrap(per_prompt):
-    """Every resample of the prompts with its multinomial probability: [(share, probability)]."""
-    count, out = len(per_prompt), []
-    for drawn in itertools.combinations_with_replacement(range(count), count):
-        times = [drawn.count(i) for i in range(count)]
-        weight = math.factorial(count) / math.prod(math.factorial(t) for t in times) / count**count
-        share = sum(t * h for t, (h, _) in zip(times, per_prompt, strict=True))
-        out.append((share / sum(t * k for t, (_, k) in zip(times, per_prompt, strict=True)), weight))
-    return out
-
-
-@pytest.mark.parametrize("per_prompt", [[(3, 3), (0, 3), (2, 3), (3, 3), (1, 3), (3, 3)], [(1, 1)] * 5 + [(0, 1)]])
-def test_the_cluster_bootstrap_matches_the_exact_bootstrap_distribution(per_prompt):
-    """Its 10,000 resamples put lo between the exact resampling distribution's 1.5% and 3.5% quantiles, hi between
-    its 96.5% and 98.5%."""
-    lo, hi = paired.cluster_bootstrap(per_prompt)
-    exact = sorted(exact_bootstrap(per_prompt))
-    assert sum(p for s, p in exact) == pytest.approx(1.0)
-    cdf = list(itertools.accumulate(p for _, p in exact))
-    at = lambda q: next(s for (s, _), c in zip(exact, cdf, strict=True) if c >= q - 1e-12)  # noqa: E731
-    inside = lambda x, a, b: a - 5e-5 <= x <= b + 5e-5  # the interval is rounded to 4 decimals  # noqa: E731
-    assert inside(lo, at(0.015), at(0.035)) and inside(hi, at(0.965), at(0.985)), (lo, hi, at(0.025), at(0.975))
-    assert paired.cluster_bootstrap(per_prompt) == [lo, hi]  # a fixed seed
-
-
-def test_keys_that_live_and_die_together_widen_the_interval():
-    together = paired.cluster_bootstrap([(3, 3)] * 4 + [(0, 3)] * 4)
-    lo, hi = intervals.wilson(12, 24)
-    assert together[0] < lo - 0.05 and together[1] > hi + 0.05
-    with pytest.raises(ValueError, match="expected \\(hits, keys\\) pairs"):
-        paired.cluster_bootstrap([(4, 3)])
 
 
 @pytest.mark.parametrize("b, c, p", [(1, 9, 0.021484375), (2, 8, 0.109375), (5, 5, 1.0), (0, 0, 1.0), (0, 6, 0.03125)])

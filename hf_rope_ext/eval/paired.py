@@ -1,39 +1,33 @@
-"""What probe counts can say beyond a Wilson interval: an interval that treats the keys of one prompt as one draw
-(``cluster_bootstrap``), and whether two runs over the same keys differ (``mcnemar``, exact).
+"""What probe counts can say when the keys of one prompt are not independent draws: an interval over prompts
+(``by_prompt``), and whether two runs over the same keys differ, key by key (``mcnemar``, exact) or prompt by prompt
+(``sign_flip``, exact).
 
 The three keys of a multikey prompt share its filler, its lengths and whatever the model makes of them: 24 keys of 8
-prompts are 8 draws, not 24, and an interval counting them as 24 is too narrow. The cluster bootstrap resamples
-prompts with replacement and reads the percentiles of the resampled share of keys found."""
+prompts are at most 24 draws and at least 8. ``by_prompt`` is the Wilson interval of the share of keys found with n =
+the number of prompts, the fewest draws the keys can be worth: it covers the share of keys at its nominal 95% or
+above whatever the correlation of a prompt's keys (``eval.coverage`` simulates it; the percentile bootstrap over 8
+prompts does not). A prompt of one key is one draw either way, so classic counts get the plain Wilson interval.
+"""
 
 from __future__ import annotations
 
 import math
-import random
 
-RESAMPLES = 10_000
-SEED = 20261129  # fixed: the interval of a record is the same on every run
+from .intervals import wilson
 
 
-def cluster_bootstrap(per_prompt: list[tuple[int, int]], resamples: int = RESAMPLES, seed: int = SEED) -> list[float]:
-    """The percentile 95% interval [lo, hi] (4 decimals) of hits / keys over prompts resampled with replacement;
-    ``per_prompt``: (hits, keys) of each prompt. Quantiles interpolated linearly between order statistics."""
+def by_prompt(per_prompt: list[tuple[int, int]]) -> list[float]:
+    """The 95% interval [lo, hi] (4 decimals) of the share of keys found, from (hits, keys) of each prompt: Wilson on
+    that share with n = the number of prompts."""
+    check_per_prompt(per_prompt)
+    share = sum(h for h, _ in per_prompt) / sum(k for _, k in per_prompt)
+    lo, hi = wilson(share * len(per_prompt), len(per_prompt))
+    return [round(lo, 4), round(hi, 4)]
+
+
+def check_per_prompt(per_prompt: list[tuple[int, int]]) -> None:
     if not per_prompt or any(not 0 <= h <= k or k < 1 for h, k in per_prompt):
         raise ValueError(f"per_prompt={per_prompt}: expected (hits, keys) pairs with 0 <= hits <= keys, keys >= 1")
-    rng, count = random.Random(seed), len(per_prompt)
-    shares = []
-    for _ in range(resamples):
-        drawn = [per_prompt[rng.randrange(count)] for _ in range(count)]  # one resample: count prompts
-        shares.append(sum(h for h, _ in drawn) / sum(k for _, k in drawn))
-    shares.sort()
-    return [round(quantile(shares, 0.025), 4), round(quantile(shares, 0.975), 4)]
-
-
-def quantile(ordered: list[float], q: float) -> float:
-    """The q-quantile of sorted values, linear between order statistics (numpy's default)."""
-    at = q * (len(ordered) - 1)
-    low = math.floor(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
 
 
 def mcnemar(first: list[bool], second: list[bool]) -> dict:
@@ -45,3 +39,27 @@ def mcnemar(first: list[bool], second: list[bool]) -> dict:
     c = sum(y and not x for x, y in zip(first, second, strict=True))
     tail = sum(math.comb(b + c, i) for i in range(min(b, c) + 1)) / 2 ** (b + c)
     return {"only_first": b, "only_second": c, "p": min(1.0, 2 * tail)}
+
+
+def sign_flip(first: list[list[bool]], second: list[list[bool]]) -> dict:
+    """The exact paired test of two runs over the same prompts, each prompt's keys kept together: under "no
+    difference" the two runs' answers to a prompt may swap as a whole, so each prompt's difference d (keys the second
+    run found minus keys the first found) is as likely -d as d. ``p``: the share of the 2^prompts sign patterns whose
+    |sum of signed |d||| is at least the observed |sum of d| (two-sided), counted exactly by convolution. With one key a
+    prompt it is ``mcnemar``. Also ``only_first``/``only_second`` (discordant keys) and the prompts each run wins."""
+    if [len(x) for x in first] != [len(x) for x in second]:
+        raise ValueError("paired runs asked different numbers of keys per prompt: they must score the same keys")
+    d = [sum(b) - sum(a) for a, b in zip(first, second, strict=True)]
+    ways = {0: 1}  # signed sum -> number of sign patterns reaching it
+    for step in (abs(x) for x in d if x):
+        ways = {
+            s: ways.get(s - step, 0) + ways.get(s + step, 0) for s in range(-sum(map(abs, d)), sum(map(abs, d)) + 1)
+        }
+        ways = {s: n for s, n in ways.items() if n}
+    extreme = sum(n for s, n in ways.items() if abs(s) >= abs(sum(d)))
+    keys = mcnemar([x for a in first for x in a], [x for b in second for x in b])
+    return keys | {
+        "p": extreme / sum(ways.values()),
+        "prompts_first": sum(x < 0 for x in d),
+        "prompts_second": sum(x > 0 for x in d),
+    }
