@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import save_byte_llama
 from safetensors.torch import load_file
 
@@ -30,6 +31,22 @@ OPTIONS = dict(
     save_every=2,
     train_norms=True,
 )
+
+
+# before and after figures at lengths the byte tokenizer's passkey prompts fit (at least 251 tokens)
+EVALUATION = dict(eval_lengths="256,512", eval_rows=2, passkey_depths=2, eval_far_context=True)
+FIGURES = ("perplexity", "last_chunk_loss", "far_context_loss", "far_context_ratio", "passkey_accuracy")
+
+
+def assert_same_figures(a: Path, b: Path) -> None:
+    """eval_results.json of two runs: the same records (when, length), each figure within fp32 rounding (the before
+    figures are one model read two ways; the after ones two adapters within the runs' weight bound)."""
+    first, second = (json.loads((out / "eval_results.json").read_text()) for out in (a, b))
+    assert [(r["when"], r["length"]) for r in first] == [(r["when"], r["length"]) for r in second]
+    assert {r["when"] for r in first} == {"before", "after"} and all(f in first[-1] for f in FIGURES)
+    for x, y in zip(first, second, strict=True):
+        rtol = 1e-5 if x["when"] == "before" else 1e-3
+        assert [x[f] for f in FIGURES] == [pytest.approx(y[f], rel=rtol) for f in FIGURES], (x, y)
 
 
 def argv(setup, out, **overrides) -> list[str]:
@@ -104,6 +121,8 @@ def one_process_gaps(setup: Path, out: Path, run: dict, batch_size: int) -> tupl
     from hf_rope_ext.train import FinetuneConfig, finetune
 
     options = dict(run, model=str(setup / "base"), data=[str(setup / "data")], out=str(out) + "-one")
+    if "eval_lengths" in options:  # the command's comma-separated form
+        options["eval_lengths"] = [int(n) for n in str(options["eval_lengths"]).split(",")]
     one = finetune(FinetuneConfig(**options, batch_size=batch_size))
     a, b = adapter(Path(options["out"])), adapter(out)
     assert a.keys() == b.keys() and any("layernorm" in k for k in a)  # the norms are in the adapter

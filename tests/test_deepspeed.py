@@ -11,7 +11,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from finetune_launch import ATOL, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows, one_process_gaps
+from finetune_launch import (
+    ATOL,
+    EVALUATION,
+    OPTIONS,
+    ROOT,
+    adapter,
+    argv,
+    assert_same_figures,
+    base_and_text,
+    launch,
+    log_rows,
+    one_process_gaps,
+)
 
 from hf_rope_ext.train import FinetuneConfig, finetune
 
@@ -25,6 +37,7 @@ ENV = {
     "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(DEEPSPEED.submodule_search_locations[0]).parent)]),
 }
 RUN = dict(OPTIONS, save_every=1, grad_checkpointing=True)
+EVALUATED = dict(RUN, **EVALUATION)  # the two-process run evaluates before and after, on the partitioned model
 LOSS_ATOL = 1e-5  # per-step loss, 2 DeepSpeed processes against 1 (fp32: summation order only; measured 5e-7)
 
 
@@ -48,12 +61,13 @@ def launch_zero3(setup, out: Path, **overrides):
 @pytest.fixture(scope="module")
 def two(setup):
     out = setup / "two"
-    launch_zero3(setup, out)
+    launch_zero3(setup, out, **EVALUATION)
     return out
 
 
 def test_two_deepspeed_processes_train_the_one_process_adapter(setup, two):
-    difference, loss_difference = one_process_gaps(setup, two, RUN, batch_size=4)  # the same global batch
+    difference, loss_difference = one_process_gaps(setup, two, EVALUATED, batch_size=4)  # the same global batch
+    assert_same_figures(Path(f"{two}-one"), two)  # --eval-lengths under ZeRO-3
     print(f"ZeRO-3: max |adapter(2) - adapter(1)| = {difference:.3g}, max |loss(2) - loss(1)| = {loss_difference:.3g}")
     assert difference <= ATOL and loss_difference <= LOSS_ATOL
 

@@ -11,7 +11,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from finetune_launch import ATOL, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows, one_process_gaps
+from finetune_launch import (
+    ATOL,
+    EVALUATION,
+    OPTIONS,
+    ROOT,
+    adapter,
+    argv,
+    assert_same_figures,
+    base_and_text,
+    launch,
+    log_rows,
+    one_process_gaps,
+)
 from safetensors.torch import load_file
 
 from hf_rope_ext.train import FinetuneConfig
@@ -22,6 +34,7 @@ FSDP = ("--config_file", str(ROOT / "examples" / "accelerate" / "fsdp.yaml"))  #
 PROGRAM = (str(Path(__file__).with_name("fsdp_on_cpu.py")), "finetune")
 KILL = str(Path(__file__).with_name("kill_process.py"))
 RUN = dict(OPTIONS, save_every=1, grad_checkpointing=True)
+EVALUATED = dict(RUN, **EVALUATION)  # the two-process run evaluates before and after, on the sharded model
 LOSS_ATOL = 1e-5  # per-step loss, 2 FSDP processes against 1 (fp32: summation order only; measured 5e-7)
 
 
@@ -42,7 +55,7 @@ def launch_fsdp(setup, out: Path, *engine: str, **overrides):
 @pytest.fixture(scope="module")
 def two(setup):
     out = setup / "two"
-    launch_fsdp(setup, out)
+    launch_fsdp(setup, out, **EVALUATION)
     return out
 
 
@@ -53,7 +66,8 @@ def trainable_names(checkpoint: Path) -> list[str]:
 
 
 def test_two_fsdp_processes_train_the_one_process_adapter(setup, two):
-    difference, loss_difference = one_process_gaps(setup, two, RUN, batch_size=4)  # the same global batch
+    difference, loss_difference = one_process_gaps(setup, two, EVALUATED, batch_size=4)  # the same global batch
+    assert_same_figures(Path(f"{two}-one"), two)  # --eval-lengths on the sharded model
     print(f"FSDP2: max |adapter(2) - adapter(1)| = {difference:.3g}, max |loss(2) - loss(1)| = {loss_difference:.3g}")
     assert difference <= ATOL and loss_difference <= LOSS_ATOL
 

@@ -12,7 +12,19 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import byte_llama_config
-from finetune_launch import L0, OPTIONS, ROOT, adapter, argv, base_and_text, launch, log_rows, torchrun
+from finetune_launch import (
+    EVALUATION,
+    L0,
+    OPTIONS,
+    ROOT,
+    adapter,
+    argv,
+    assert_same_figures,
+    base_and_text,
+    launch,
+    log_rows,
+    torchrun,
+)
 from sequence_parallel_types import TYPES
 
 from hf_rope_ext.train import FinetuneConfig, finetune
@@ -64,6 +76,17 @@ def test_every_rope_type_gives_one_processs_gradients_over_n_processes(processes
     assert len(refused) == processes and all(PADDED in (message or "") for message in refused), refused
 
 
+@pytest.mark.parametrize("processes", [2, 4])
+def test_every_rope_type_is_evaluated_over_n_processes_as_on_one(processes):
+    """The evaluation's split reading of a row: each token's loss within GRADIENT_RTOL of the full forward's, its
+    argmax prediction the same wherever the reference's two best logits are apart."""
+    done = torchrun([str(Path(__file__).with_name("split_reading_rows.py"))], processes=processes)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert sorted(row["rope_type"] for row in rows) == sorted(TYPES)
+    for row in rows:
+        assert row["loss"] <= GRADIENT_RTOL and row["predictions"] == 0 and row["clear"] > 0.9 * row["tokens"], row
+
+
 def test_a_wrapper_fed_local_position_ids_is_caught():
     """The negative control: each rank's own ids in place of the gathered row's. Every attention-level type then
     trains another adapter, by far more than the equality bound."""
@@ -80,6 +103,7 @@ def setup(tmp_path_factory):
 
 RUN = dict(OPTIONS, rope_type="self_extend", length=4 * L0, window=48, max_steps=3, save_every=1)
 RUN.update(grad_checkpointing=True, no_progress=True)
+RUN.update(EVALUATION)  # before and after, split too
 
 
 def log_losses(out: Path) -> list[float]:
@@ -89,7 +113,7 @@ def log_losses(out: Path) -> list[float]:
 @pytest.fixture(scope="module")
 def one(setup):
     """One process reading two whole rows per micro-batch."""
-    options = {k: v for k, v in RUN.items() if k != "no_progress"}
+    options = {k: v for k, v in RUN.items() if k != "no_progress"} | {"eval_lengths": [256, 512]}
     out = setup / "one"
     paths = dict(model=str(setup / "base"), data=[str(setup / "data")], out=str(out))
     return out, finetune(FinetuneConfig(**options, **paths, batch_size=2))
@@ -104,11 +128,12 @@ def split(setup):
 
 
 def assert_same_training(a: Path, b: Path) -> None:
-    """The same adapter within the fp32 bound, the same per-step losses."""
+    """The same adapter within the fp32 bound, the same per-step losses, the same before and after figures."""
     first, second = adapter(a), adapter(b)
     assert first.keys() == second.keys()
     assert max(float((first[k] - second[k]).abs().max()) for k in first) < WEIGHT_ATOL
     assert log_losses(a) == pytest.approx(log_losses(b), abs=LOSS_ATOL)
+    assert_same_figures(a, b)
 
 
 def test_the_command_over_two_processes_trains_the_one_process_adapter(one, split):
@@ -211,11 +236,13 @@ def test_a_split_that_does_not_divide_the_processes_is_refused(size, processes):
         check_size(size, processes)
 
 
-def test_evaluation_during_a_split_run_is_refused(tmp_path):
+def test_an_evaluation_row_that_does_not_split_is_refused(tmp_path):
     cfg = FinetuneConfig(model="m", out=str(tmp_path / "x"), rope_type="yarn", length=64, max_steps=1)
-    cfg.sequence_parallel, cfg.eval_lengths = 2, [64]
-    with pytest.raises(ValueError, match="evaluate the adapter afterwards"):
+    cfg.sequence_parallel, cfg.eval_lengths = 2, [64, 97]
+    with pytest.raises(ValueError, match="--eval-lengths \\[64, 97\\] with --sequence-parallel 2: .* 97 tokens do not"):
         check_numbers(cfg)
+    cfg.eval_lengths = [64, 96]
+    check_numbers(cfg)
 
 
 def test_the_groups_ranks_read_the_same_rows():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import probes_cmd, ruler_cmd
+from . import eval_split, probes_cmd, ruler_cmd
 from .args import (
     add_rope_arguments,
     comma_list,
@@ -57,6 +57,7 @@ def add_parser(subparsers, name):
     parser.add_argument("--json", type=Path, default=None, help="write the records as JSON here")
     parser.add_argument("--plot", type=Path, default=None, help="write a perplexity-against-length PNG here")
     parser.add_argument("--overwrite", action="store_true", help="replace existing --json/--plot/--needle files")
+    eval_split.add_argument(parser)
     ruler_cmd.add_arguments(parser, eval_command=True)
     probes_cmd.add_arguments(parser)
     progress_argument(parser)
@@ -64,6 +65,7 @@ def add_parser(subparsers, name):
 
 
 def run(args) -> int:
+    eval_split.check_measures(args)
     if args.probes is not None:
         probes_cmd.check(args)
     else:
@@ -92,6 +94,7 @@ def run(args) -> int:
     path = path or bundled.default_model_path()
     pretrain = loading.pretraining_length(loading.load_config(adapters.config_folder(path, adapter)))
     lengths = args.lengths or [pretrain, 2 * pretrain, 4 * pretrain]
+    eval_split.check_lengths(args, lengths)
     extra = parse_rope_params(args.rope_param)
     if args.probes is not None:  # the pass-key probes of a split instead of the default measures
         params = requested_parameters(
@@ -107,7 +110,14 @@ def run(args) -> int:
         generate=not args.no_generate,
     )
     tiles = lambda model: tile_model(model, args.tiled_mlp)  # noqa: E731
-    records = evaluate(path, args.rope_type, args.factor, extra, plan, args.data, not args.no_progress, adapter, tiles)
+    reader, losses, predict, main = eval_split.reading(args)
+    progress = not args.no_progress and main
+    records = evaluate(
+        path, args.rope_type, args.factor, extra, plan, args.data, progress, adapter, tiles, losses, predict
+    )
+    if not main:  # a split run's other processes computed the same records: the first reports them
+        return 0
+    records = eval_split.stamped(records, reader)
     grid = depths = None
     if args.needle:  # before writing anything, so a failure leaves no partial outputs
         model = load_model(path, records[0]["rope_parameters"], adapter=adapter)

@@ -98,8 +98,11 @@ def spread_depths(n: int) -> list[float]:
 
 
 @torch.no_grad()
-def teacher_forced_hit(model, sample: NeedleSample) -> bool:
-    """Is every answer token the argmax given the true prefix? One forward pass over the whole sample."""
+def teacher_forced_hit(model, sample: NeedleSample, predict=None) -> bool:
+    """Is every answer token the argmax given the true prefix? One forward pass over the whole sample (through
+    ``predict(model, ids)`` -> each next token's argmax (n - 1,), where given)."""
+    if predict is not None:
+        return bool((predict(model, sample.input_ids)[sample.prompt_length - 1 :].cpu() == sample.answer).all())
     device = next(model.parameters()).device
     logits = model(input_ids=sample.input_ids[None].to(device), use_cache=False).logits[0]  # (length, vocab)
     predicted = logits[sample.prompt_length - 1 : -1].argmax(-1)  # predictions for the answer positions
@@ -135,6 +138,7 @@ def passkey_accuracy(
     seed=0,
     sentences=FILLER,
     progress=True,
+    predict=None,
 ) -> dict:
     """Accuracy over ``depths`` uniformly spread needle depths x ``trials`` pass keys at one ``length``, overall
     (``passkey_accuracy``, teacher-forced, with ``passkey_hits`` of ``passkey_samples`` and the Wilson 95%
@@ -144,7 +148,7 @@ def passkey_accuracy(
     forced, generated = [], []
     for depth, key in bar(grid, desc=f"passkey @{length}", enabled=progress):
         sample = compose(tokenize_pieces(tokenizer, key, sentences), length, depth)
-        forced.append(teacher_forced_hit(model, sample))
+        forced.append(teacher_forced_hit(model, sample, predict))
         if generate:
             generated.append(generation_hit(model, sample))
     result = {

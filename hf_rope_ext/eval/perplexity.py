@@ -21,16 +21,17 @@ def token_losses(model, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 class CachedLosses:
-    """``token_losses`` remembered per (model, window): a window is a view of a document, named by its data pointer
-    and size, so perplexity and last-chunk loss share forward passes over the same tokens. Keep documents alive."""
+    """``compute`` (default ``token_losses``) remembered per (model, window): a window is a view of a document, named
+    by its data pointer and size, so perplexity and last-chunk loss share forward passes over the same tokens. Keep
+    documents alive. A run on several processes passes its own ``compute`` (fine-tuning's split reading)."""
 
-    def __init__(self):
-        self.store = {}
+    def __init__(self, compute=None):
+        self.store, self.compute = {}, compute or token_losses
 
     def __call__(self, model, input_ids: torch.Tensor) -> torch.Tensor:
         key = (id(model), input_ids.data_ptr(), input_ids.numel())
         if key not in self.store:
-            self.store[key] = token_losses(model, input_ids)
+            self.store[key] = self.compute(model, input_ids)
         return self.store[key]
 
 

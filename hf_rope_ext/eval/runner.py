@@ -45,10 +45,11 @@ def label(rope_type) -> str:
 
 
 def evaluate_model(
-    model, tokenizer, documents, plan: EvalPlan, rope_type=None, factor=None, progress=True, losses=None
+    model, tokenizer, documents, plan: EvalPlan, rope_type=None, factor=None, progress=True, losses=None, predict=None
 ):
     """Records for every length of ``plan``, one model; forward passes over the same window are shared (through
-    ``losses``, a CachedLosses that must belong to this model alone)."""
+    ``losses``, a CachedLosses that must belong to this model alone). ``predict(model, ids (n,))``: the argmax
+    prediction of each token after the first, (n - 1,), for the teacher-forced passkey (default: one forward here)."""
     lengths = sorted(plan.lengths)
     if plan.same_documents and (plan.perplexity or plan.last_chunk):
         documents = long_enough(documents, lengths[-1], plan.documents)
@@ -62,7 +63,10 @@ def evaluate_model(
             record["split"] = "dev"  # the probes a method is chosen on (``eval.splits``)
         if plan.passkey_depths:
             depths, trials, seed = plan.passkey_depths, plan.passkey_trials, plan.seed
-            record.update(passkey_accuracy(model, tokenizer, n, depths, trials, plan.generate, seed, progress=progress))
+            found = passkey_accuracy(
+                model, tokenizer, n, depths, trials, plan.generate, seed, progress=progress, predict=predict
+            )
+            record.update(found)
         if plan.multikey_prompts:
             keys = plan.multikey_keys
             record.update(multikey_accuracy(model, tokenizer, n, plan.multikey_prompts, keys, plan.seed, progress))
@@ -83,10 +87,13 @@ def evaluate(
     progress=True,
     adapter=None,
     adjust=None,
+    losses=None,
+    predict=None,
 ):
     """Load ``path`` with the rope type applied (none: as saved), and the peft ``adapter`` folder on top when given
     (``eval.adapters``), then ``adjust(model)`` when given (``eval --tiled-mlp`` tiles the MLPs there), and evaluate
-    it; returns the records."""
+    it; returns the records. ``losses`` and ``predict``: how rows are read (``evaluate_model``; ``eval
+    --sequence-parallel N`` splits them over its processes)."""
 
     config = load_config(config_folder(path, adapter))
     rope_parameters = requested_parameters(config, rope_type, factor, extra)
@@ -95,5 +102,5 @@ def evaluate(
     model = load_model(path, rope_parameters, adapter=adapter)
     if adjust is not None:
         adjust(model)
-    records = evaluate_model(model, tokenizer, documents, plan, rope_type, factor, progress)
+    records = evaluate_model(model, tokenizer, documents, plan, rope_type, factor, progress, losses, predict)
     return [{**r, "rope_parameters": rope_parameters} for r in records]

@@ -197,10 +197,12 @@ def check_numbers(cfg: FinetuneConfig) -> None:
         raise ValueError(
             "--offload-checkpoints keeps the inputs that activation checkpointing saves; add --grad-checkpointing"
         )
-    if cfg.sequence_parallel > 1 and cfg.eval_lengths:
+    odd = [n for n in cfg.eval_lengths or () if int(n) % cfg.sequence_parallel]
+    if odd:
         raise ValueError(
-            f"--eval-lengths {cfg.eval_lengths} with --sequence-parallel {cfg.sequence_parallel}: evaluation reads "
-            "whole rows on one process; evaluate the adapter afterwards (hf-rope-ext eval --adapter OUT)"
+            f"--eval-lengths {cfg.eval_lengths} with --sequence-parallel {cfg.sequence_parallel}: each evaluation row "
+            f"is split over the group like a training row, and {odd[0]} tokens do not split into "
+            f"{cfg.sequence_parallel}; use multiples of {cfg.sequence_parallel}"
         )
 
 

@@ -105,14 +105,20 @@ def summed_loss(model, unwrapped, labels: torch.Tensor, **inputs) -> torch.Tenso
         return F.cross_entropy(
             logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
         )
+    return on_head_input(model, head, lambda hidden: fused_head_loss(hidden, head.weight, head.bias, labels), inputs)
+
+
+def on_head_input(model, head, score, inputs: dict):
+    """``score(hidden)`` of the head's input (batch, seq, dim), computed inside ``model(**inputs)`` right after the
+    head's own forward (where a sharded head holds its whole weight), the head itself asked for logits of no token."""
     kept = {}
 
     def before(_head, args):
         kept["hidden"] = args[0]
         return (args[0][:, :0],)  # logits for no token
 
-    def after(module, _args, _output):
-        kept["loss"] = fused_head_loss(kept.pop("hidden"), module.weight, module.bias, labels)
+    def after(_module, _args, _output):
+        kept["score"] = score(kept.pop("hidden"))
 
     hooks = [head.register_forward_pre_hook(before), head.register_forward_hook(after)]
     try:
@@ -120,7 +126,7 @@ def summed_loss(model, unwrapped, labels: torch.Tensor, **inputs) -> torch.Tenso
     finally:
         for hook in hooks:
             hook.remove()
-    return kept["loss"]
+    return kept["score"]
 
 
 def chunked_head(head, config) -> bool:
@@ -128,3 +134,29 @@ def chunked_head(head, config) -> bool:
     parameters carry a ``ds_id``): see the module's docstring."""
     plain = type(head) is torch.nn.Linear and not hasattr(head.weight, "ds_id")
     return plain and logits_are_head_output(getattr(config, "model_type", None))
+
+
+@torch.no_grad()
+def token_scores(model, unwrapped, labels: torch.Tensor, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model(**inputs)``'s fp32 token losses and argmax predictions, each (batch, seq), position i scored against
+    labels[:, i] (shifted; -100: loss 0): the evaluation's reading through the training forward, the head run inside
+    it chunk by chunk as ``summed_loss`` runs it (or its logits whole where ``chunked_head`` says no). ``unwrapped``:
+    the model under its wrappers, which names its output head."""
+    head = unwrapped.get_output_embeddings()
+    if not chunked_head(head, unwrapped.config):
+        return scores_of(model(**inputs).logits, labels)
+
+    def score(hidden):  # chunk by chunk: CHUNK x vocab fp32 logits at a time
+        pieces = [
+            scores_of(F.linear(hidden[:, i : i + CHUNK], head.weight, head.bias), labels[:, i : i + CHUNK])
+            for i in range(0, labels.shape[1], CHUNK)
+        ]
+        return tuple(torch.cat(part, dim=1) for part in zip(*pieces, strict=True))
+
+    return on_head_input(model, head, score, inputs)
+
+
+def scores_of(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(losses, predictions), each (batch, seq), of logits (batch, seq, vocab) against labels (batch, seq)."""
+    losses = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
+    return losses, logits.argmax(-1)

@@ -30,7 +30,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
         rows, model = train(
             acc, model, job.stages, job.datasets, job.settings, checkpoints, logs, cfg.resume_from, job.sequence
         )
-        job.measure("after", acc.unwrap_model(model))
+        job.measure("after", acc.unwrap_model(model), model)
         job.save(work, model, out)
     job.accelerator.end_training()  # closes the trackers (and the process group): last
     merged = str(out / MERGED_DIR) if cfg.merge else None

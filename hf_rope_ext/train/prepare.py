@@ -11,8 +11,6 @@ from pathlib import Path
 
 import torch
 
-from ..eval import EvalPlan, evaluate_model
-from ..eval.far_context import sliding_window_baseline, with_far_context
 from ..publish.cards import write_model_card
 from ..store.files import read_json
 from ..util.quiet import enable_activation_checkpointing, peft_wrapping
@@ -20,6 +18,7 @@ from .config import MERGED_DIR, RESULTS_FILE, FinetuneConfig, training_summary
 from .context_parallel import check_context_parallel
 from .data import load_text, packed_stages, with_retrieval
 from .lora import apply_lora
+from .measure import measure
 from .memory.techniques import check_engine, enable_techniques, tile_model
 from .model import attention_implementation, base_length, check_fp16, extended_config, load_model, resolve_precision
 from .plan import plan_stages, settings_of
@@ -69,51 +68,11 @@ class Job:
         set_seed(cfg.seed, device_specific=True)  # dropout: seed + process index, so processes draw their own masks
         return self.model
 
-    def measure(self, label: str, model=None) -> list[dict]:
-        """The evaluation harness at each --eval-lengths (perplexity, passkey when asked); records kept for the card."""
-        if not self.cfg.eval_lengths:
-            return []
-        cfg, params = self.cfg, self.config.rope_parameters
-        plan = EvalPlan(
-            lengths=tuple(cfg.eval_lengths),
-            documents=cfg.eval_rows,
-            last_chunk=128 if min(cfg.eval_lengths) > 128 else None,
-            passkey_depths=cfg.passkey_depths,
-            generate=False,
-            seed=cfg.seed,
-        )
-        model = model or self.model
-        was_training = model.training
-        records = evaluate_model(
-            model.eval(),
-            self.tokenizer,
-            self.eval_documents,
-            plan,
-            params["rope_type"],
-            params.get("factor"),
-            progress=self.accelerator.is_local_main_process,
-        )
-        if cfg.eval_far_context:
-            records = self.far_context(model, records)
-        model.train(was_training)
-        records = [{**r, "when": label} for r in records]
+    def measure(self, label: str, model=None, prepared=None) -> list[dict]:
+        """The evaluation harness at each --eval-lengths (``measure.measure``); records kept for the card."""
+        records = measure(self, label, model or self.model, prepared)
         self.results += records
         return records
-
-    def far_context(self, model, records: list[dict]) -> list[dict]:
-        """The records at lengths >= L0 with the far-context loss on the last L0 - 1 tokens of the longest length
-        and its ratio to the base model (rope as saved) reading them through a sliding L0 window."""
-        from transformers import AutoModelForCausalLM
-
-        cfg, total = self.cfg, max(self.cfg.eval_lengths)
-        docs, l0 = self.eval_documents, self.pretrain
-        if self.far_baseline is None:
-            base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(self.accelerator.device)
-            self.far_baseline = sliding_window_baseline(base, docs, total, l0, l0 - 1, cfg.eval_rows)
-            del base
-        short = [r for r in records if r["length"] < l0]
-        far = [r for r in records if r["length"] >= l0]
-        return short + with_far_context(model, far, docs, total, l0, self.far_baseline, cfg.eval_rows, progress=False)
 
     def save(self, work: Path, model, out: Path) -> None:
         """Adapter, extended config, tokenizer, results and card into ``work`` (to become ``out``); the merged model
@@ -261,7 +220,7 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
     model = load_model(cfg.model, config, precision, attention_implementation(cfg.rope_type, state.device))
     model = model.to(state.device)
     tile_model(model, cfg.tiled_mlp)
-    check_model(model.config, cfg.sequence_parallel, [stage.window for stage in stages])
+    check_model(model.config, cfg.sequence_parallel, [stage.window for stage in stages] + list(cfg.eval_lengths or ()))
     if precision == "fp16":
         check_fp16(model, torch.tensor(datasets[0][:1]["input_ids"], device=state.device))
     accelerator = make_accelerator(cfg, precision, log_dir(cfg.out, cfg.resume_from, cfg.log_dir))

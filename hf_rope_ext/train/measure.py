@@ -1,0 +1,84 @@
+"""Fine-tuning's before and after figures (``--eval-lengths``): the evaluation harness on the run's model, perplexity
+and last-chunk loss, the teacher-forced passkey when asked, the far-context ratio against the base model read through
+a sliding window. On several processes each row is read through the training forward, split as training splits it
+(``split_reading``), so a row trained over N processes is evaluated on them; on one, the evaluation's own reading."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from ..eval import EvalPlan, evaluate_model
+from ..eval.far_context import sliding_window_baseline, with_far_context
+from ..eval.perplexity import CachedLosses
+from .split_reading import SplitReader
+
+
+def measure(job, label: str, model, prepared=None) -> list[dict]:
+    """Records at each of ``job.cfg.eval_lengths`` for ``model``, each marked ``when``: ``label``. ``prepared``: the
+    model as accelerate prepared it (a DeepSpeed engine gathers its partitioned weights in its own forward only),
+    which a run on several processes calls."""
+    cfg, params = job.cfg, job.config.rope_parameters
+    if not cfg.eval_lengths:
+        return []
+    plan = EvalPlan(
+        lengths=tuple(cfg.eval_lengths),
+        documents=cfg.eval_rows,
+        last_chunk=128 if min(cfg.eval_lengths) > 128 else None,
+        passkey_depths=cfg.passkey_depths,
+        generate=False,
+        seed=cfg.seed,
+    )
+    reader = SplitReader(job.sequence, prepared) if job.accelerator.num_processes > 1 else None
+    losses, was_training = CachedLosses(reader and reader.losses), model.training
+    records = evaluate_model(
+        model.eval(),
+        job.tokenizer,
+        job.eval_documents,
+        plan,
+        params["rope_type"],
+        params.get("factor"),
+        progress=job.accelerator.is_local_main_process,
+        losses=losses,
+        predict=reader and reader.predictions,
+    )
+    if cfg.eval_far_context:
+        records = far_context(job, model, records, losses)
+    model.train(was_training)
+    return [{**r, "when": label} for r in records]
+
+
+def far_context(job, model, records: list[dict], losses) -> list[dict]:
+    """The records at lengths >= L0 with the far-context loss on the last L0 - 1 tokens of the longest length and its
+    ratio to the base model (rope as saved) reading them through a sliding L0 window (measured once a job)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg, total = job.cfg, max(job.cfg.eval_lengths)
+    docs, l0 = job.eval_documents, job.pretrain
+    if job.far_baseline is None:
+        with whole_weights(job.accelerator):
+            base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(job.accelerator.device)
+        job.far_baseline = sliding_window_baseline(base, docs, total, l0, l0 - 1, cfg.eval_rows)
+        del base
+    short = [r for r in records if r["length"] < l0]
+    far = [r for r in records if r["length"] >= l0]
+    return short + with_far_context(model, far, docs, total, l0, job.far_baseline, cfg.eval_rows, False, losses)
+
+
+@contextmanager
+def whole_weights(accelerator):
+    """A context in which transformers loads a model whole on each process: under DeepSpeed ZeRO-3 its ``zero.Init``
+    would partition the far-context baseline, which runs outside the engine. transformers' switch is off inside,
+    and accelerate's plugin sets it again after."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()
