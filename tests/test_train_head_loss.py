@@ -132,3 +132,14 @@ def test_a_chunks_logits_are_about_the_hidden_states_size(tokens, dim, vocab):
     chunk = chunk_tokens(tokens, dim, vocab)
     assert chunk & (chunk - 1) == 0 and chunk <= CHUNK
     assert chunk == CHUNK or chunk * vocab >= tokens * dim > chunk * vocab / 2 or chunk == 1
+
+
+def test_a_partitioned_head_is_chunked_while_frozen_and_whole_while_it_trains():
+    """A ZeRO-3 head (parameters with a ``ds_id``): the chunked loss when frozen (the LoRA default), the full logits
+    when it trains; tests/test_deepspeed.py runs the chunked one under the engine against one process."""
+    model = lora_llama()
+    head = model.get_output_embeddings()
+    head.weight.ds_id = 7
+    assert head.weight.requires_grad is False and chunked_head(head, model.config)
+    head.weight.requires_grad_(True)
+    assert not chunked_head(head, model.config)

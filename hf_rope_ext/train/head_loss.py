@@ -7,14 +7,17 @@ compute logits for no token; a hook after it scores the kept hidden states in ch
 gradient for the hidden states (and the head's weight, when it trains) is formed chunk by chunk in the same pass and
 kept, so the backward pass needs neither the logits nor the head's weight again. Where the family changes the head's
 values (a soft cap, a scale: ``models.output_head``) or the head is not a plain linear layer (LoRA on it), the logits
-are formed in full as before, and so they are under DeepSpeed ZeRO-3, whose hooks gather a module's weight for the
-backward pass only when its output is in the graph (the head's empty output is not: "active_backward_submodules is
-empty during backward pass") and may release it before a later forward hook runs.
+are formed in full as before. Under DeepSpeed ZeRO-3 the head's weight is partitioned and its engine may release it
+before a later forward hook runs, so the hook gathers it again (``deepspeed.zero.GatheredParameters``); and the
+engine's backward hooks expect every module that ran to be in the graph ("active_backward_submodules is empty during
+backward pass" otherwise), so the loss adds the head's empty output (a sum of no element: 0). A head that trains
+under ZeRO-3 (its gradient formed in the forward would belong to the gathered weight) keeps the full logits.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -105,20 +108,24 @@ def summed_loss(model, unwrapped, labels: torch.Tensor, **inputs) -> torch.Tenso
         return F.cross_entropy(
             logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
         )
-    return on_head_input(model, head, lambda hidden: fused_head_loss(hidden, head.weight, head.bias, labels), inputs)
+    # + the head's empty output: it stays in the graph, so an engine that hooks the head's backward (ZeRO-3) sees it
+    score = lambda hidden, empty: fused_head_loss(hidden, head.weight, head.bias, labels) + empty.float().sum()  # noqa: E731
+    return on_head_input(model, head, score, inputs)
 
 
 def on_head_input(model, head, score, inputs: dict):
-    """``score(hidden)`` of the head's input (batch, seq, dim), computed inside ``model(**inputs)`` right after the
-    head's own forward (where a sharded head holds its whole weight), the head itself asked for logits of no token."""
+    """``score(hidden, empty)`` of the head's input (batch, seq, dim) and its output (logits of no token, which the head
+    is asked for), computed inside ``model(**inputs)`` right after the head's own forward, where a sharded head holds
+    its whole weight (a ZeRO-3 head gathered again for it: its engine may release it before this hook runs)."""
     kept = {}
 
     def before(_head, args):
         kept["hidden"] = args[0]
         return (args[0][:, :0],)  # logits for no token
 
-    def after(_module, _args, _output):
-        kept["score"] = score(kept.pop("hidden"))
+    def after(_module, _args, output):
+        with gathered(head):
+            kept["score"] = score(kept.pop("hidden"), output)
 
     hooks = [head.register_forward_pre_hook(before), head.register_forward_hook(after)]
     try:
@@ -132,7 +139,8 @@ def on_head_input(model, head, score, inputs: dict):
 def chunked_head(head, config) -> bool:
     """A plain linear head whose output the family returns as its logits, not partitioned by DeepSpeed ZeRO-3 (whose
     parameters carry a ``ds_id``): see the module's docstring."""
-    plain = type(head) is torch.nn.Linear and not hasattr(head.weight, "ds_id")
+    frozen_if_partitioned = not any(p.requires_grad and hasattr(p, "ds_id") for p in head.parameters())
+    plain = type(head) is torch.nn.Linear and frozen_if_partitioned
     return plain and logits_are_head_output(getattr(config, "model_type", None))
 
 
@@ -146,7 +154,7 @@ def token_scores(model, unwrapped, labels: torch.Tensor, **inputs) -> tuple[torc
     if not chunked_head(head, unwrapped.config):
         return scores_of(model(**inputs).logits, labels)
 
-    def score(hidden):  # chunk by chunk: CHUNK x vocab fp32 logits at a time
+    def score(hidden, _empty):  # chunk by chunk: CHUNK x vocab fp32 logits at a time
         pieces = [
             scores_of(F.linear(hidden[:, i : i + CHUNK], head.weight, head.bias), labels[:, i : i + CHUNK])
             for i in range(0, labels.shape[1], CHUNK)
@@ -160,3 +168,12 @@ def scores_of(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor,
     """(losses, predictions), each (batch, seq), of logits (batch, seq, vocab) against labels (batch, seq)."""
     losses = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
     return losses, logits.argmax(-1)
+
+
+def gathered(head):
+    """A context holding a DeepSpeed ZeRO-3 head's whole weight (its parameters carry a ``ds_id``); else nothing."""
+    if not any(hasattr(p, "ds_id") for p in head.parameters()):
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(head.parameters()), modifier_rank=None)
