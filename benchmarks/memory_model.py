@@ -15,12 +15,14 @@ sizes from the script that measured it. Arithmetic only: it runs in a second on 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import textwrap
 from pathlib import Path
 
 from hf_rope_ext.train.memory import planner
+from hf_rope_ext.train.memory.engine_attention import check_rope_type
 from hf_rope_ext.train.memory.model import Step, predict, total
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,10 +53,12 @@ def measured_points() -> list[dict]:
             raise KeyError(f"{path.name}: commit {commit} has no loss path in CPU_LOSS (head or chunked)")
         shape = planner.shape_of(cpu_shapes[record["model_shape"]], record["layers"])
         step = Step(record["length"], record.get("processes", 1), 1, 4, 4, 8, loss=CPU_LOSS[commit], device="cpu")
+        step, counted = counted_step(step, record["rope_type"])
         terms = predict(shape, step)  # the live peak counts neither weights nor adapter weights; no optimizer step
         pre_fix = commit == PRE_FIX and record["rope_type"] != "yarn"
         measured = max(r["live_peak_bytes"] for r in record["per_process"])
-        points.append(row(path.stem, "CPU fp32", record["model_shape"], shape, step, terms, measured, pre_fix))
+        point = row(path.stem, "CPU fp32", record["model_shape"], shape, step, terms, measured, pre_fix)
+        points.append(point | ({} if counted or pre_fix else {"note": "one-band engine plan, counted as sdpa"}))
     gpu = json.loads((ROOT / "docs" / "results" / "gpu" / "finetune.json").read_text())
     gpu_shapes = script("bench_finetune_gpu").SHAPES
     for record in (r for r in gpu["records"] if "peak_gib" in r):
@@ -63,6 +67,17 @@ def measured_points() -> list[dict]:
         name, device = f"{record['shape']}-{record['kernels']}-{record['length']}", f"{gpu['device']} bf16"
         points.append(row(name, device, record["shape"], shape, step, predict(shape, step), record["peak_gib"] * GIB))
     return points
+
+
+def counted_step(step: Step, rope_type: str) -> tuple[Step, bool]:
+    """The step with its rope type where the model counts that type's attention (``engine_attention``), else the
+    step as sdpa's and False (the engine's one-band plan keeps each chunk's pieces: not modelled)."""
+    typed = dataclasses.replace(step, rope_type=rope_type)
+    try:
+        check_rope_type(typed)
+    except ValueError:
+        return step, False
+    return typed, True
 
 
 def row(name, device, shape_name, shape, step, terms, measured, pre_fix=False) -> dict:

@@ -60,6 +60,11 @@ POINTS = [
     *(Point("llama-16x8", "yarn", 16384, 1, c) for c in COMBINATIONS),
     *(Point("llama-16x8", "yarn", 16384, 2, c) for c in ("none", "all")),
     *(Point("smollm2-135m", "self_extend", 12288, n, c) for n in (1, 3) for c in ("none", "all")),
+    # after the model counts the attention engine's backward: new lengths and types, predicted before they run
+    *(
+        Point("smollm2-135m", t, n, 1, "all")
+        for t, n in (("self_extend", 16384), ("rerope", 12288), ("dual_chunk", 12288))
+    ),
 ]
 
 
@@ -77,8 +82,9 @@ def step_of(point: Point, hidden: int) -> Step:
     offload, tiled, lean = COMBINATIONS[point.combination]
     tile = default_tile(hidden, point.length // point.processes) if tiled else 0
     return Step(
-        point.length, point.processes, 1, 4, 4, 8, loss="head", device="cpu", offload=offload, tile=tile, lean=lean
-    )
+        point.length, point.processes, 1, 4, 4, 8, loss="head", device="cpu", offload=offload, tile=tile, lean=lean,
+        rope_type=point.rope_type,
+    )  # fmt: skip
 
 
 def predicted(point: Point) -> tuple[float, float, str]:

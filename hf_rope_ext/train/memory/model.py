@@ -15,7 +15,8 @@ device (:func:`checkpoint_bytes`) and its own tensors:
   is tiled; with ``lean`` the half input, two half hidden-wide tensors over the row and one chunk's fp32 temporaries
   (``norm_chunks.chunk_peak_bytes``, a constant number of bytes), about what the tiled MLP's backward holds;
 - **attention**, attention's backward (:func:`attention_moment`): its saved states, the gradients of its output and
-  of q, k and v;
+  of q, k and v; for an attention-level type (``Step.rope_type``) the engine's backward, which makes more
+  (``engine_attention``: the peak once the MLP is tiled);
 - **loss**, the head loss's forward (:func:`loss_moment`): the final norm's, the head's input and its fp32 gradient,
   a chunk's fp32 gradient beside the next chunk's fp32 logits and log-softmax.
 
@@ -36,6 +37,7 @@ predictions against every measured step; ``planner`` searches the techniques and
 from __future__ import annotations
 
 from ...attention.ulysses import allowed_sizes
+from .engine_attention import check_rope_type
 from .moments import LORA_BYTES, READS, host_bytes, moments
 from .shape import Shape, Step, _default_tile, layer_parameters, lora_parameters, root_parameters
 
@@ -54,7 +56,8 @@ def weight_bytes(s: Shape, step: Step) -> float:
 
 def check(s: Shape, step: Step) -> None:
     """What the code refuses: an N the heads do not allow (``attention.ulysses.allowed_sizes``) or that does not
-    divide the row; unknown targets, devices; a negative tile."""
+    divide the row; unknown targets, devices; a negative tile; what the model does not count (the attention engine
+    on CUDA, its one-band types, an unknown rope type: ``engine_attention.check_rope_type``)."""
     n, allowed = step.sequence_parallel, allowed_sizes(s.heads, s.kv_heads)
     if n not in allowed or step.tokens % n:
         raise ValueError(
@@ -67,6 +70,7 @@ def check(s: Shape, step: Step) -> None:
             f"targets {unknown} (allowed {list(READS)}), device={step.device!r}, fsdp={step.fsdp} >= 1, "
             f"tile={step.tile} >= 0"
         )
+    check_rope_type(step)
 
 
 def predict(s: Shape, step: Step) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..head_loss import chunk_tokens
 from ..loss import CHUNK as CHUNKED_LOSS_TOKENS  # the benchmark's chunked loss: tokens per chunk
+from .engine_attention import backward_bytes, last_span_bytes, output_copied
 from .norm_chunks import chunk_peak_bytes
 from .shape import Shape, Step
 
@@ -93,7 +94,8 @@ def kv_width(s: Shape, step: Step) -> int:
 
 
 def attention_bytes(s: Shape, step: Step) -> int:
-    """Per token: the recomputed attention's rotated q and k, v, its output, and the fp32 log-sum-exp per head."""
+    """Per token: the recomputed attention's rotated q and k (the engine's unrotated), v, its output, and the fp32
+    log-sum-exp per head."""
     q, kv = s.heads * s.head_dim, kv_width(s, step)
     return (2 * q + 2 * kv) * step.act_bytes + s.heads * FP32
 
@@ -101,8 +103,9 @@ def attention_bytes(s: Shape, step: Step) -> int:
 def attention_kept_bytes(s: Shape, step: Step) -> int:
     """Per token: what the recomputed layer keeps for its attention half's backward: the input norm's
     (:func:`norm_kept_bytes`), the q, k, v adapters' and o_proj's (whose input is attention's output, kept anyway,
-    unless the all-to-all made it anew: N > 1), and attention's (:func:`attention_bytes`)."""
-    o_input_kept = step.sequence_parallel == 1
+    unless the all-to-all made it anew, N > 1, or the engine's output was copied: ``engine_attention.output_copied``),
+    and attention's (:func:`attention_bytes`)."""
+    o_input_kept = step.sequence_parallel == 1 and not output_copied(step)
     return (
         norm_kept_bytes(s, step, own_input=False)
         + adapter_bytes(s, step, "normed")
@@ -214,13 +217,15 @@ def norm_moment(s: Shape, step: Step, tokens: int) -> int:
 
 
 def attention_moment(s: Shape, step: Step, tokens: int) -> int:
-    """Attention's backward (``_scaled_dot_product_*_backward``): the layer inputs, the gradient at the residual sum
-    (held until the layer input's is summed), the input norm's, the q, k, v adapters' and attention's tensors
-    (o_proj's adapter has freed its own), the gradient of attention's output and those of q, k and v."""
+    """Attention's backward (``_scaled_dot_product_*_backward``, or the engine's): the layer inputs, the gradient at
+    the residual sum (held until the layer input's is summed), the input norm's, the q, k, v adapters' and attention's
+    tensors (o_proj's adapter has freed its own), the gradient of attention's output and what the backward makes
+    (``engine_attention``: sdpa's gradients of q, k and v, or the engine's tensors and its last span)."""
     q, kv, a = s.heads * s.head_dim, kv_width(s, step), step.act_bytes
     kept = norm_kept_bytes(s, step, own_input=False) + adapter_bytes(s, step, "normed") + attention_bytes(s, step)
-    gradients = output_gradient_bytes(s, step) + (2 * q + 2 * kv) * a
-    return tokens * (checkpoint_bytes(s, step, layer_inputs(s, step)) + kept + gradients)
+    gradients = output_gradient_bytes(s, step) + q * a + backward_bytes(s, step, kv)
+    inputs = checkpoint_bytes(s, step, layer_inputs(s, step))
+    return tokens * (inputs + kept + gradients) + last_span_bytes(s, step, tokens)
 
 
 def head_logits_bytes(s: Shape, tokens: int) -> int:

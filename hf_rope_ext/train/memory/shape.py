@@ -28,7 +28,8 @@ class Step:
     or "cuda" (their autocast differs in the chunked loss). The techniques: ``offload`` (checkpointed layer inputs in
     host memory), ``tile`` (tokens per MLP tile of a process's tokens, 0: untiled; a tile of at least a process's
     tokens runs the MLP whole, as ``tiled_mlp`` does), ``lean`` (no copies of adapters' and norms' inputs in half
-    precision)."""
+    precision). ``rope_type``: transformers' types and the package's frequency-level ones run sdpa; the package's
+    attention-level ones its engine, whose backward makes more (``engine_attention``)."""
 
     tokens: int
     sequence_parallel: int = 1
@@ -42,6 +43,7 @@ class Step:
     offload: bool = False
     tile: int = 0
     lean: bool = False
+    rope_type: str = "default"
 
 
 def _default_tile(hidden: int, tokens: int) -> int:
