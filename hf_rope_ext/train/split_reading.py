@@ -36,8 +36,8 @@ class SplitReader:
 
     def read(self, model, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         key = (id(model), input_ids.data_ptr(), input_ids.numel())
-        if self.last is None or self.last[0] != key:
-            self.last = (key, read_row(model, input_ids, self.sequence, self.prepared))
+        if self.last is None or self.last[0] != key:  # the row is kept with it: its memory is not another row's yet
+            self.last = (key, read_row(model, input_ids, self.sequence, self.prepared), input_ids)
             self.shards[input_ids.numel()] = input_ids.numel() // self.sequence.size
         return self.last[1]
 
