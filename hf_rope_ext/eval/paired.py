@@ -50,12 +50,10 @@ def sign_flip(first: list[list[bool]], second: list[list[bool]]) -> dict:
     if [len(x) for x in first] != [len(x) for x in second]:
         raise ValueError("paired runs asked different numbers of keys per prompt: they must score the same keys")
     d = [sum(b) - sum(a) for a, b in zip(first, second, strict=True)]
-    ways = {0: 1}  # signed sum -> number of sign patterns reaching it
+    ways, reach = {0: 1}, 0  # signed sum -> number of sign patterns reaching it; the largest |sum| so far
     for step in (abs(x) for x in d if x):
-        ways = {
-            s: ways.get(s - step, 0) + ways.get(s + step, 0) for s in range(-sum(map(abs, d)), sum(map(abs, d)) + 1)
-        }
-        ways = {s: n for s, n in ways.items() if n}
+        reach += step
+        ways = {s: ways.get(s - step, 0) + ways.get(s + step, 0) for s in range(-reach, reach + 1, 2)}
     extreme = sum(n for s, n in ways.items() if abs(s) >= abs(sum(d)))
     keys = mcnemar([x for a in first for x in a], [x for b in second for x in b])
     return keys | {

@@ -137,11 +137,16 @@ def on_head_input(model, head, score, inputs: dict):
 
 
 def chunked_head(head, config) -> bool:
-    """A plain linear head whose output the family returns as its logits, not partitioned by DeepSpeed ZeRO-3 (whose
-    parameters carry a ``ds_id``): see the module's docstring."""
-    frozen_if_partitioned = not any(p.requires_grad and hasattr(p, "ds_id") for p in head.parameters())
-    plain = type(head) is torch.nn.Linear and frozen_if_partitioned
+    """A plain linear head whose output the family returns as its logits, frozen where DeepSpeed ZeRO-3 partitions
+    it: see the module's docstring."""
+    trains = any(p.requires_grad for p in head.parameters())
+    plain = type(head) is torch.nn.Linear and not (partitioned(head) and trains)
     return plain and logits_are_head_output(getattr(config, "model_type", None))
+
+
+def partitioned(head) -> bool:
+    """Whether DeepSpeed ZeRO-3 partitions the head (its parameters carry a ``ds_id``)."""
+    return any(hasattr(p, "ds_id") for p in head.parameters())
 
 
 @torch.no_grad()
@@ -172,7 +177,7 @@ def scores_of(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor,
 
 def gathered(head):
     """A context holding a DeepSpeed ZeRO-3 head's whole weight (its parameters carry a ``ds_id``); else nothing."""
-    if not any(hasattr(p, "ds_id") for p in head.parameters()):
+    if not partitioned(head):
         return nullcontext()
     import deepspeed
 
