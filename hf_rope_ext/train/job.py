@@ -27,9 +27,8 @@ def finetune(cfg: FinetuneConfig) -> dict:
         logs = open_output(job, work)
         acc = job.accelerator
         checkpoints = work / "checkpoints"
-        rows, model = train(
-            acc, model, job.stages, job.datasets, job.settings, checkpoints, logs, cfg.resume_from, job.sequence
-        )
+        parts = (job.stages, job.datasets, job.settings, checkpoints, logs, cfg.resume_from, job.sequence)
+        rows, model = train(acc, model, *parts, prepared=before_on_several(job))
         job.measure("after", acc.unwrap_model(model), model)
         job.save(work, model, out)
     job.accelerator.end_training()  # closes the trackers (and the process group): last
@@ -39,16 +38,27 @@ def finetune(cfg: FinetuneConfig) -> dict:
 
 
 def ready_to_train(job):
-    """The 'before' figures, then the LoRA model; a checkpoint to resume must fit both the plan and the adapter."""
+    """The 'before' figures (one process; see ``before_on_several``), then the LoRA model; a checkpoint to resume must
+    fit both the plan and the adapter."""
     cfg = job.cfg
     if cfg.resume_from:
         processes = data_parallel(job.accelerator, cfg.sequence_parallel)[0]
         checkpoint_step(cfg.resume_from, job.settings.plan(job.stages, processes))
-    job.measure("before")
+    if job.accelerator.num_processes == 1:
+        job.measure("before")
     model = job.attach_lora()
     if cfg.resume_from:
         check_checkpoint_tensors(model, cfg.resume_from)
     return model
+
+
+def before_on_several(job):
+    """On several processes the 'before' figures are read from the prepared model, adapter at its start (LoRA B = 0
+    adds exact zeros): FSDP2 shards and ZeRO-3 partitions hold the weights only once prepared (a process other than
+    the one that read the checkpoint may hold placeholders until then), and every split reading needs the group."""
+    if job.accelerator.num_processes == 1:
+        return None
+    return lambda model: job.measure("before", job.accelerator.unwrap_model(model), model)
 
 
 def open_output(job, work: Path) -> Path:

@@ -136,16 +136,20 @@ def train(
     log_dir: Path,
     resume_from: str | None = None,
     sequence: SequenceGroup = ONE,
+    prepared=None,
 ) -> list[dict]:
     """Run every stage; returns (the log rows of this call, the accelerate-prepared model).
     ``datasets[i]`` holds rows of ``stages[i].window`` tokens; ``sequence``: this process' sequence group (its size
-    ``settings.sequence_parallel``). Ctrl-C: see :class:`Interrupted`."""
+    ``settings.sequence_parallel``); ``prepared``: called with the prepared model before a checkpoint is read or a
+    step taken. Ctrl-C: see :class:`Interrupted`."""
     sp = settings.sequence_parallel
     total, plan = sum(s.steps for s in stages), settings.plan(stages, data_parallel(accelerator, sp)[0])
     optimizer, scheduler = make_optimizer(model, settings, total)
     set_deepspeed_micro_batch(accelerator, settings.batch_size)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     accelerator.register_save_state_pre_hook(keep_trainable_only)
+    if prepared is not None:
+        prepared(model)
     loaders = stage_loaders(accelerator, datasets, settings.batch_size, settings.seed, sp)
     step = load_checkpoint(accelerator, resume_from, plan) if resume_from else 0
     bar = progress_bar(

@@ -46,21 +46,37 @@ def measure(job, label: str, model, prepared=None) -> list[dict]:
     if cfg.eval_far_context:
         records = far_context(job, model, records, losses)
     model.train(was_training)
+    resharded(model)
     return [{**r, "when": label} for r in records]
+
+
+def resharded(model) -> None:
+    """FSDP2 leaves the parameters of modules it does not reshard after forward (the root) gathered after a forward
+    without backward; sharded again, they are the objects the optimizer and the checkpoint loader hold."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def far_context(job, model, records: list[dict], losses) -> list[dict]:
     """The records at lengths >= L0 with the far-context loss on the last L0 - 1 tokens of the longest length and its
-    ratio to the base model (rope as saved) reading them through a sliding L0 window (measured once a job)."""
+    ratio to the base model (rope as saved) reading them through a sliding L0 window (measured once a job, by the
+    main process alone: the others never load that model)."""
+    from accelerate.utils import broadcast_object_list
     from transformers import AutoModelForCausalLM
 
     cfg, total = job.cfg, max(job.cfg.eval_lengths)
     docs, l0 = job.eval_documents, job.pretrain
-    if job.far_baseline is None:
-        with whole_weights(job.accelerator):
-            base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(job.accelerator.device)
-        job.far_baseline = sliding_window_baseline(base, docs, total, l0, l0 - 1, cfg.eval_rows)
-        del base
+    if job.far_baseline is None:  # read by the main process alone; its figure sent to the others
+        acc, found = job.accelerator, [None]
+        if acc.is_main_process:
+            with whole_weights(acc):
+                base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(acc.device)
+            found = [sliding_window_baseline(base, docs, total, l0, l0 - 1, cfg.eval_rows)]
+            del base
+        job.far_baseline = broadcast_object_list(found)[0] if acc.num_processes > 1 else found[0]
     short = [r for r in records if r["length"] < l0]
     far = [r for r in records if r["length"] >= l0]
     return short + with_far_context(model, far, docs, total, l0, job.far_baseline, cfg.eval_rows, False, losses)
