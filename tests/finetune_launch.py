@@ -49,6 +49,13 @@ def assert_same_figures(a: Path, b: Path) -> None:
         assert [x[f] for f in FIGURES] == [pytest.approx(y[f], rel=rtol) for f in FIGURES], (x, y)
 
 
+def assert_read_once(stdout: str, processes: int) -> None:
+    """The ``loaded:`` lines of an FSDP2 launch (tests/fsdp_on_cpu.py): one process holds the whole base model before
+    ``prepare``, the others none."""
+    held = sorted(int(line.split()[1]) for line in stdout.splitlines() if line.startswith("loaded: "))
+    assert len(held) == processes and held[:-1] == [0] * (processes - 1) and held[-1] > 0, held
+
+
 def argv(setup, out, **overrides) -> list[str]:
     options = {**OPTIONS, "model": str(setup / "base"), "data": str(setup / "data"), "out": str(out), **overrides}
     words = []

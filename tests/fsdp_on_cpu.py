@@ -4,17 +4,15 @@ command in each launched process, on accelerate's own FSDP2 path over gloo. acce
 sets that shared state to MULTI_GPU after the CPU process group is up, so that ``AcceleratorState`` picks FSDP as it
 does for a GPU user (``ACCELERATE_USE_FSDP=true``, ``FSDP_VERSION=2`` from the launcher).
 
-With the CPU-RAM-efficient loading the accelerate config asks for, only the first process of a node reads the
-checkpoint: some transformers releases give the others zeros (5.17), later ones the real weights, until accelerate's
-``prepare`` broadcasts the first process's. This script zeroes every parameter the other processes load, so each
-release is held to the first case: nothing may read a process's weights before they are prepared.
+Each process also prints ``loaded: <bytes>``, the bytes of real (not meta) parameters its base model holds before
+``prepare``: with the CPU-RAM-efficient loading the accelerate config asks for, the main process alone reads the
+checkpoint (``train.loading``), so a test can check that the others hold none.
 
 Each process prints ``engine: <distributed_type> fsdp2=<bool>`` once its Accelerator exists, so a test can check that
 FSDP2 ran (a new accelerate could otherwise turn this into DDP unnoticed)."""
 
 import sys
 
-import torch
 from accelerate import PartialState
 from accelerate.utils import DistributedType
 from finetune_launch import report_engine
@@ -26,20 +24,18 @@ PartialState(cpu=True)  # the gloo process group, as the package's launched_stat
 PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU  # what a GPU launch would report
 
 
-def placeholders(load):
-    """``load`` whose model holds zeros on every process but the first of its node."""
+def reporting(load):
+    """``load`` that prints the bytes of real parameters of the model it returns."""
 
-    def load_model(*args, **kwargs):
+    def base_model(*args, **kwargs):
         model = load(*args, **kwargs)
-        if not PartialState().is_local_main_process:
-            with torch.no_grad():
-                for parameter in model.parameters():
-                    parameter.zero_()
+        held = sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta)
+        print(f"loaded: {held}", flush=True)
         return model
 
-    return load_model
+    return base_model
 
 
-prepare.load_model = placeholders(prepare.load_model)
+prepare.base_model = reporting(prepare.base_model)
 report_engine(prepare, lambda accelerator: f"{accelerator.distributed_type.value} fsdp2={accelerator.is_fsdp2}")
 sys.exit(main(sys.argv[1:]))

@@ -18,6 +18,7 @@ from finetune_launch import (
     ROOT,
     adapter,
     argv,
+    assert_read_once,
     assert_same_figures,
     base_and_text,
     launch,
@@ -49,6 +50,7 @@ def launch_fsdp(setup, out: Path, *engine: str, **overrides):
     done = launch(argv(setup, out, **{**RUN, "batch_size": 2, **overrides}), engine=FSDP + engine, program=PROGRAM)
     assert done.stdout.count("engine: FSDP fsdp2=True") == 2, done.stdout[-2000:]  # not turned into DDP
     assert done.stdout.count("adapter:") == 1  # the command's report, from the main process only
+    assert_read_once(done.stdout, 2)  # the main process alone reads the checkpoint
     return done
 
 

@@ -19,6 +19,7 @@ from finetune_launch import (
     ROOT,
     adapter,
     argv,
+    assert_read_once,
     assert_same_figures,
     base_and_text,
     launch,
@@ -150,6 +151,7 @@ def test_fsdp2_by_sequence_parallel_on_four_processes_trains_and_resumes_as_one(
     words = argv(setup, out, **RUN, batch_size=1, sequence_parallel=2)
     done = launch(words, processes=4, engine=FSDP, program=FSDP_PROGRAM)
     assert done.stdout.count("engine: FSDP fsdp2=True") == 4
+    assert_read_once(done.stdout, 4)
     assert_same_training(one[0], out)
     checkpoint = out / "checkpoints" / "step-000001"
     words = argv(setup, resumed, **RUN, batch_size=1, sequence_parallel=2, resume_from=checkpoint)

@@ -13,6 +13,8 @@ from .batches import data_parallel
 from .checkpoints import check_checkpoint_tensors, checkpoint_step
 from .config import MERGED_DIR, FinetuneConfig, check_numbers, check_output, training_summary
 from .loop import train
+from .measure import resharded
+from .model import check_fp16
 from .prepare import prepare_run
 from .run_folder import log_dir, run_folder
 
@@ -28,7 +30,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
         acc = job.accelerator
         checkpoints = work / "checkpoints"
         parts = (job.stages, job.datasets, job.settings, checkpoints, logs, cfg.resume_from, job.sequence)
-        rows, model = train(acc, model, *parts, prepared=before_on_several(job))
+        rows, model = train(acc, model, *parts, prepared=on_prepared(job))
         job.measure("after", acc.unwrap_model(model), model)
         job.save(work, model, out)
     job.accelerator.end_training()  # closes the trackers (and the process group): last
@@ -38,7 +40,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
 
 
 def ready_to_train(job):
-    """The 'before' figures (one process; see ``before_on_several``), then the LoRA model; a checkpoint to resume must
+    """The 'before' figures (one process; see ``on_prepared``), then the LoRA model; a checkpoint to resume must
     fit both the plan and the adapter."""
     cfg = job.cfg
     if cfg.resume_from:
@@ -52,13 +54,22 @@ def ready_to_train(job):
     return model
 
 
-def before_on_several(job):
-    """On several processes the 'before' figures are read from the prepared model, adapter at its start (LoRA B = 0
-    adds exact zeros): FSDP2 shards and ZeRO-3 partitions hold the weights only once prepared (a process other than
-    the one that read the checkpoint may hold placeholders until then), and every split reading needs the group."""
-    if job.accelerator.num_processes == 1:
+def on_prepared(job):
+    """What runs on the prepared model before a checkpoint is read, on several processes: the fp16 range check of a
+    run that reads its base once (``train.loading``: until prepared, the other processes hold no weights), then the
+    'before' figures, adapter at its start (LoRA B = 0 adds exact zeros). FSDP2 shards and ZeRO-3 partitions hold the
+    weights only once prepared, and every split reading needs the whole group."""
+    acc = job.accelerator
+    if acc.num_processes == 1:
         return None
-    return lambda model: job.measure("before", job.accelerator.unwrap_model(model), model)
+
+    def run(model):
+        if job.fp16_row is not None:
+            check_fp16(model, job.fp16_row)
+            resharded(model)
+        job.measure("before", acc.unwrap_model(model), model)
+
+    return run
 
 
 def open_output(job, work: Path) -> Path:

@@ -17,10 +17,11 @@ from ..util.quiet import enable_activation_checkpointing, peft_wrapping
 from .config import MERGED_DIR, RESULTS_FILE, FinetuneConfig, training_summary
 from .context_parallel import check_context_parallel
 from .data import load_text, packed_stages, with_retrieval
+from .loading import base_model, reads_once
 from .lora import apply_lora
 from .measure import measure
 from .memory.techniques import check_engine, enable_techniques, tile_model
-from .model import attention_implementation, base_length, check_fp16, extended_config, load_model, resolve_precision
+from .model import attention_implementation, base_length, check_fp16, extended_config, resolve_precision
 from .plan import plan_stages, settings_of
 from .run_folder import log_dir
 from .sequence_parallel import ONE, SequenceGroup, check_model, check_size, make_group
@@ -44,6 +45,7 @@ class Job:
     pretrain: int = 0  # L0, the base model's length
     far_baseline: float | None = None  # the base model's sliding-window loss (eval.far_context), once measured
     sequence: SequenceGroup = ONE  # this process' sequence group (--sequence-parallel)
+    fp16_row: torch.Tensor | None = None  # (1, window): the fp16 range check still to run, on the prepared model
 
     def attach_lora(self):
         """Wrap the model in a LoRA PeftModel (seeded, so two runs with one seed, and all processes of a run, start
@@ -217,18 +219,19 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
     groups = state.num_processes // cfg.sequence_parallel  # data-parallel groups: each reads its own rows
     datasets = packed_stages(train_text, stages, cfg.packing, cfg.batch_size * cfg.grad_accum * groups)
     datasets = with_retrieval(datasets, tokenizer, cfg)
-    model = load_model(cfg.model, config, precision, attention_implementation(cfg.rope_type, state.device))
-    model = model.to(state.device)
+    model = base_model(cfg.model, config, precision, attention_implementation(cfg.rope_type, state.device), state)
     tile_model(model, cfg.tiled_mlp)
     check_model(model.config, cfg.sequence_parallel, [stage.window for stage in stages] + list(cfg.eval_lengths or ()))
-    if precision == "fp16":
-        check_fp16(model, torch.tensor(datasets[0][:1]["input_ids"], device=state.device))
+    fp16_row = torch.tensor(datasets[0][:1]["input_ids"], device=state.device) if precision == "fp16" else None
+    if fp16_row is not None and not reads_once():  # else checked once prepared (job.on_prepared)
+        check_fp16(model, fp16_row)
+        fp16_row = None
     accelerator = make_accelerator(cfg, precision, log_dir(cfg.out, cfg.resume_from, cfg.log_dir))
     check_context_parallel(accelerator, cfg.rope_type, model.config._attn_implementation, cfg.sequence_parallel)
     check_engine(accelerator, cfg.offload_checkpoints)
     sequence = make_group(cfg.sequence_parallel, state.num_processes, state.process_index)
     parts = (cfg, accelerator, tokenizer, config, model, stages, datasets, settings_of(cfg), eval_documents)
-    return Job(*parts, pretrain=pretrain, sequence=sequence)
+    return Job(*parts, pretrain=pretrain, sequence=sequence, fp16_row=fp16_row)
 
 
 def check_far_context(cfg: FinetuneConfig, pretrain: int) -> None:

@@ -215,14 +215,15 @@ def _same_bits(stock, lean: torch.Tensor) -> bool:
 
 def computes_lean(module: nn.Module) -> bool:
     """Whether the module's class forward (the one the lean forward would shadow) equals :func:`lean_rms_norm` bit
-    for bit, forward and backward, on a random weight and random inputs (..., D) in the weight's dtype, bf16, fp16."""
+    for bit, forward and backward, on a random weight and random inputs (..., D) in the weight's dtype, bf16, fp16; on
+    the CPU for a weight on the meta device (a process that has not received its weights yet: only the shape and dtype
+    are read)."""
     weight = module.weight
-    if weight.is_meta:
-        raise ValueError(f"{type(module).__name__}.weight on device=meta; allowed: a materialized weight (cpu, cuda)")
-    generator = torch.Generator(device=weight.device).manual_seed(PROBE_SEED)
-    probe_weight = torch.randn(weight.shape, generator=generator, device=weight.device).to(weight.dtype)
+    device = torch.device("cpu") if weight.is_meta else weight.device
+    generator = torch.Generator(device=device).manual_seed(PROBE_SEED)
+    probe_weight = torch.randn(weight.shape, generator=generator, device=device).to(weight.dtype)
     for dtype in dict.fromkeys((weight.dtype, *HALF)):
-        x = torch.randn((*PROBE_SHAPE, weight.shape[-1]), generator=generator, device=weight.device).mul(3).to(dtype)
+        x = torch.randn((*PROBE_SHAPE, weight.shape[-1]), generator=generator, device=device).mul(3).to(dtype)
         stock = _probe_outputs(lambda a, w: type(module).forward(_with_weight(module, w), a), x, probe_weight)
         lean = _probe_outputs(lambda a, w: lean_rms_norm(a, w, module.variance_epsilon), x, probe_weight)
         if len(stock) != len(lean) or not all(map(_same_bits, stock, lean)):

@@ -1,0 +1,161 @@
+"""Memory of each process while an FSDP2 fine-tuning run loads its base model and shards it, read once against read
+everywhere, on P CPU processes over gloo (accelerate's FSDP2 path, as ``tests/fsdp_on_cpu.py`` runs it).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_fsdp_loading.py --processes 2 4 \
+        --json docs/results/fsdp-loading/record.json
+
+The base is a Llama built from a config (about 155M parameters, 620 MB in fp32: 8 layers of hidden 1024, a 32000-row
+embedding and head, untied), saved with a byte-level tokenizer; each launch is ``hf-rope-ext finetune`` with
+``examples/accelerate/fsdp.yaml`` (FSDP2, ``cpu_ram_efficient_loading: true``) for one step. Two ways to load:
+
+- ``everywhere``: every process reads the whole checkpoint and moves it to its device, then accelerate's ``prepare``
+  broadcasts the main process's weights into the shards (the package before it read once);
+- ``once``: ``train.loading``: the main process reads, the others build on the meta device.
+
+Per process: its resident memory just before the base model is loaded (the baseline: interpreter, libraries, data),
+the peak resident memory (``ru_maxrss``) once ``prepare`` has sharded the model, the live bytes of its parameters
+after loading (meta tensors hold none) and of its local shards after ``prepare``. The figure that matters is the
+peak beyond the baseline against the whole model (W) and 1/P of it plus the largest tensor (the embedding), the most a
+process that does not read should hold. A benchmark: it prints figures and writes a JSON record, it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = dict(
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    vocab_size=32000,
+    max_position_embeddings=32,
+    tie_word_embeddings=False,
+)
+RUN = ["--rope-type", "ntk_by_parts", "--length", "64", "--window", "64", "--max-steps", "1", "--batch-size", "1"]
+
+
+def resident() -> int:
+    """This process's resident bytes now."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak() -> int:
+    """This process's peak resident bytes so far (Linux reports kibibytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def live_bytes(model) -> int:
+    """Bytes of the parameters this process holds (its local shard of a DTensor; none for a meta tensor)."""
+    total = 0
+    for parameter in model.parameters():
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+        total += 0 if local.is_meta else local.numel() * local.element_size()
+    return total
+
+
+def inner(way: str, argv: list[str]) -> int:
+    """One launched process: FSDP on the CPU (as tests/fsdp_on_cpu.py), ``way`` of loading, the figures printed."""
+    from accelerate import Accelerator, PartialState
+    from accelerate.utils import DistributedType
+
+    from hf_rope_ext.cli import main
+    from hf_rope_ext.train import loading, prepare
+
+    state = PartialState(cpu=True)
+    PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
+    if way == "everywhere":
+        loading.reads_once = lambda: False
+    row = {"way": way, "rank": state.process_index, "processes": state.num_processes}
+    stock_base, stock_prepare = prepare.base_model, Accelerator.prepare
+
+    def base_model(*args, **kwargs):
+        row["baseline"] = resident()
+        model = stock_base(*args, **kwargs)
+        row["loaded"] = live_bytes(model)
+        return model
+
+    def prepared(self, *args, **kwargs):
+        out = stock_prepare(self, *args, **kwargs)
+        if "peak" not in row:
+            row.update(peak=peak(), shards=live_bytes(out[0] if isinstance(out, tuple) else out))
+            print("ROW " + json.dumps(row), flush=True)
+        return out
+
+    prepare.base_model, Accelerator.prepare = base_model, prepared
+    return main(argv)
+
+
+def save_base(root: Path) -> tuple[Path, int, int]:
+    """The base model and text to train on under ``root``; returns (model folder, its bytes, its largest tensor)."""
+    import torch
+    from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**SHAPE))
+    model.save_pretrained(root / "base")
+    ByT5Tokenizer().save_pretrained(root / "base")
+    (root / "data").mkdir()
+    (root / "data" / "text.txt").write_text(Path(json.__file__).read_text() * 4)
+    sizes = [p.numel() * p.element_size() for p in model.parameters()]
+    return root / "base", sum(sizes), max(sizes)
+
+
+def launch(root: Path, way: str, processes: int) -> list[dict]:
+    """One FSDP2 run of ``processes`` CPU processes loading ``way``; its rows, in rank order."""
+    config = ROOT / "examples" / "accelerate" / "fsdp.yaml"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    command += ["--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no"]
+    command += ["--dynamo_backend", "no", "--main_process_port", str(29700 + processes), __file__, "--inner", way]
+    out = root / f"out-{way}-{processes}"
+    command += ["finetune", "--model", str(root / "base"), "--data", str(root / "data"), "--out", str(out), *RUN]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command + ["--no-progress"], env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(done.stderr[-3000:])
+    rows = [json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("ROW ")]
+    return sorted(rows, key=lambda r: r["rank"])
+
+
+def table(rows: list[dict], weights: int, largest: int) -> str:
+    mib = 2**20
+    lines = ["| P | loading | rank | baseline MiB | peak beyond it MiB | loaded MiB | shards MiB | W/P + largest MiB |"]
+    lines.append("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        bound = (weights / r["processes"] + largest) / mib
+        figures = (r["baseline"] / mib, (r["peak"] - r["baseline"]) / mib, r["loaded"] / mib, r["shards"] / mib)
+        cells = " | ".join(f"{x:.0f}" for x in figures)
+        lines.append(f"| {r['processes']} | {r['way']} | {r['rank']} | {cells} | {bound:.0f} |")
+    return "\n".join(lines)
+
+
+def outer(args) -> None:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        _, weights, largest = save_base(root)
+        rows = [r for p in args.processes for way in ("everywhere", "once") for r in launch(root, way, p)]
+    print(table(rows, weights, largest))
+    record = {"commit": commit, "shape": SHAPE, "weights": weights, "largest": largest, "rows": rows}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--inner":
+        sys.exit(inner(sys.argv[2], sys.argv[3:]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--json", help="write the record here")
+    outer(parser.parse_args())
