@@ -41,7 +41,7 @@ SHAPE = dict(
     max_position_embeddings=32,
     tie_word_embeddings=False,
 )
-RUN = ["--rope-type", "ntk_by_parts", "--length", "64", "--window", "64", "--max-steps", "1", "--batch-size", "1"]
+RUN = ["--rope-type", "ntk_by_parts", "--length", "64", "--max-steps", "1", "--batch-size", "1"]
 
 
 def resident() -> int:
