@@ -88,7 +88,7 @@ def inner(way: str, argv: list[str]) -> int:
     def prepared(self, *args, **kwargs):
         out = stock_prepare(self, *args, **kwargs)
         if "peak" not in row:
-            row.update(peak=peak(), shards=live_bytes(out[0] if isinstance(out, tuple) else out))
+            row.update(peak=peak(), shards=live_bytes(out[0] if isinstance(out, (tuple, list)) else out))
             print("ROW " + json.dumps(row), flush=True)
         return out
 
