@@ -71,6 +71,7 @@ def inner(way: str, argv: list[str]) -> int:
 
     from hf_rope_ext.cli import main
     from hf_rope_ext.train import loading, prepare
+    from hf_rope_ext.util.memory_peak import LivePeak
 
     state = PartialState(cpu=True)
     PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
@@ -79,8 +80,11 @@ def inner(way: str, argv: list[str]) -> int:
     row = {"way": way, "rank": state.process_index, "processes": state.num_processes}
     stock_base, stock_prepare = prepare.base_model, Accelerator.prepare
 
+    live = LivePeak()
+
     def base_model(*args, **kwargs):
-        row["baseline"] = resident()
+        row.update(baseline=resident(), peak_before=peak())
+        live.__enter__()  # left once prepare has sharded the model
         model = stock_base(*args, **kwargs)
         row["loaded"] = live_bytes(model)
         return model
@@ -88,7 +92,9 @@ def inner(way: str, argv: list[str]) -> int:
     def prepared(self, *args, **kwargs):
         out = stock_prepare(self, *args, **kwargs)
         if "peak" not in row:
-            row.update(peak=peak(), shards=live_bytes(out[0] if isinstance(out, (tuple, list)) else out))
+            live.__exit__(None, None, None)
+            row.update(peak=peak(), live_peak=live.peak, live_after=live.live)
+            row["shards"] = live_bytes(out[0] if isinstance(out, (tuple, list)) else out)
             print("ROW " + json.dumps(row), flush=True)
         return out
 
@@ -128,13 +134,16 @@ def launch(root: Path, way: str, processes: int) -> list[dict]:
 
 
 def table(rows: list[dict], weights: int, largest: int) -> str:
+    """Per process, MiB: the resident baseline, the resident peak beyond it, the peak of live tensors made while loading
+    and sharding (``LivePeak``), the parameters held after loading and after sharding, and the bound W/P + largest."""
     mib = 2**20
-    lines = ["| P | loading | rank | baseline MiB | peak beyond it MiB | loaded MiB | shards MiB | W/P + largest MiB |"]
-    lines.append("|---:|---|---:|---:|---:|---:|---:|---:|")
+    head = ("P", "loading", "rank", "resident before", "resident peak beyond", "live peak", "loaded", "shards")
+    lines = ["| " + " | ".join((*head, "W/P + largest")) + " |"]
+    lines.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         bound = (weights / r["processes"] + largest) / mib
-        figures = (r["baseline"] / mib, (r["peak"] - r["baseline"]) / mib, r["loaded"] / mib, r["shards"] / mib)
-        cells = " | ".join(f"{x:.0f}" for x in figures)
+        figures = (r["baseline"], r["peak"] - r["baseline"], r["live_peak"], r["loaded"], r["shards"])
+        cells = " | ".join(f"{x / mib:.0f}" for x in figures)
         lines.append(f"| {r['processes']} | {r['way']} | {r['rank']} | {cells} | {bound:.0f} |")
     return "\n".join(lines)
 
