@@ -1,0 +1,65 @@
+"""How each process gets the base model (``train.loading``): FSDP2 with CPU-RAM-efficient loading over several
+processes reads it once (the launcher's environment says so, nothing else does); a process that does not read builds
+it on the meta device with the reader's buffers (the rotary frequencies of the rope type asked); what would run the
+model before ``prepare`` (the fp16 range check) runs on the prepared model and still refuses an fp16 overflow.
+The launched runs (tests/test_fsdp.py, tests/test_sequence_parallel.py) check that one process alone read."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import byte_llama_config, save_byte_llama
+from transformers import AutoModelForCausalLM
+
+from hf_rope_ext.train import loading
+from hf_rope_ext.train.job import on_prepared
+from hf_rope_ext.train.model import extended_config
+
+FSDP2_ONCE = {
+    "WORLD_SIZE": "2",
+    "ACCELERATE_USE_FSDP": "true",
+    "FSDP_VERSION": "2",
+    "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
+}
+
+
+@pytest.mark.parametrize("missing", [None, *FSDP2_ONCE])
+def test_only_fsdp2_with_efficient_loading_over_several_processes_reads_once(monkeypatch, missing):
+    for key, value in FSDP2_ONCE.items():
+        monkeypatch.setenv(key, value)
+    if missing:
+        monkeypatch.setenv(missing, {"WORLD_SIZE": "1", "FSDP_VERSION": "1"}.get(missing, "false"))
+    assert loading.reads_once() is (missing is None)
+
+
+@pytest.mark.parametrize("rope_type", ["yarn", "self_extend"])
+def test_a_process_that_does_not_read_holds_no_weights_and_the_readers_buffers(tmp_path, monkeypatch, rope_type):
+    for key, value in FSDP2_ONCE.items():
+        monkeypatch.setenv(key, value)
+    save_byte_llama(tmp_path, 32)
+    config = extended_config(str(tmp_path), rope_type, 128, 4.0 if rope_type == "yarn" else None, {})
+    states = [SimpleNamespace(is_main_process=main, device=torch.device("cpu")) for main in (True, False)]
+    reader, other = (loading.base_model(str(tmp_path), config, "fp32", "sdpa", state) for state in states)
+    assert all(not p.is_meta for p in reader.parameters()) and all(p.is_meta for p in other.parameters())
+    assert [n for n, _ in reader.named_parameters()] == [n for n, _ in other.named_parameters()]
+    buffers = dict(reader.named_buffers())
+    assert buffers and all(torch.equal(b, buffers[n]) for n, b in other.named_buffers())
+
+
+def test_the_fp16_check_of_a_run_that_reads_once_runs_on_the_prepared_model():
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(byte_llama_config())
+    model.get_input_embeddings().weight.data *= 1e7  # |w| ~ 2e5 > 65504
+    measured = []
+    job = SimpleNamespace(
+        accelerator=SimpleNamespace(num_processes=2, unwrap_model=lambda m: m),
+        fp16_row=torch.arange(8)[None],
+        measure=lambda label, *models: measured.append(label),
+    )
+    with pytest.raises(ValueError, match="use --precision bf16"):
+        on_prepared(job)(model)
+    job.fp16_row = None
+    on_prepared(job)(model)
+    assert measured == ["before"]
+    job.accelerator.num_processes = 1
+    assert on_prepared(job) is None  # one process: the before figures were read at load
