@@ -9,7 +9,7 @@ embedding and head, untied), saved with a byte-level tokenizer; each launch is `
 ``examples/accelerate/fsdp.yaml`` (FSDP2, ``cpu_ram_efficient_loading: true``) for one step. Two ways to load:
 
 - ``everywhere``: every process reads the whole checkpoint and moves it to its device, then accelerate's ``prepare``
-  broadcasts the main process's weights into the shards (the package before it read once);
+  broadcasts the main process's weights into the shards (the control: what DDP and ZeRO-3 runs still do);
 - ``once``: ``train.loading``: the main process reads, the others build on the meta device.
 
 Per process: its resident memory just before the base model is loaded (the baseline: interpreter, libraries, data),
