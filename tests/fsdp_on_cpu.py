@@ -30,7 +30,8 @@ def reporting(load):
     def base_model(*args, **kwargs):
         model = load(*args, **kwargs)
         held = sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta)
-        print(f"loaded: {held}", flush=True)
+        sys.stdout.write(f"loaded: {held}\n")  # one write: the line and its newline together
+        sys.stdout.flush()
         return model
 
     return base_model
