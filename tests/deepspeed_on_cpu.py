@@ -8,7 +8,8 @@ accelerate's (which then finds it up) and builds the Accelerator with ``cpu=Fals
 DeepSpeed's shared-memory all-reduce kernel (inference only) is not built.
 
 Each process prints ``engine: <distributed_type>`` once its Accelerator exists, so a test can check that DeepSpeed
-ran (a new accelerate could otherwise turn this into DDP unnoticed)."""
+ran (a new accelerate could otherwise turn this into DDP unnoticed), and ``loaded: <bytes>``, the bytes of parameters
+its base model holds as loaded (its partition under ``zero.Init``)."""
 
 import os
 import sys
@@ -16,7 +17,7 @@ import sys
 import accelerate
 import deepspeed
 from accelerate import PartialState
-from finetune_launch import report_engine
+from finetune_launch import report_engine, report_loaded
 
 from hf_rope_ext.cli import main
 from hf_rope_ext.train import prepare
@@ -38,6 +39,7 @@ class Accelerator(accelerate.Accelerator):
 
 accelerate.Accelerator = Accelerator
 report_engine(prepare, lambda accelerator: accelerator.distributed_type.value)
+report_loaded(prepare)
 code = main(sys.argv[1:])
 # Once the run is over (adapter written, process group destroyed), a process has been seen to abort at interpreter
 # exit, under load, with "terminate called without an active exception" from a native thread: the exit code, not the

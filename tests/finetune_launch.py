@@ -50,11 +50,16 @@ def assert_same_figures(a: Path, b: Path) -> None:
         assert [x[f] for f in FIGURES] == [pytest.approx(y[f], rel=rtol) for f in FIGURES], (x, y)
 
 
+def loaded(stdout: str) -> list[int]:
+    """The ``loaded:`` figures of a launch (``report_loaded``), smallest first. The processes share one pipe, so
+    another process's line may follow a figure before its newline: the figures are read wherever they stand."""
+    return sorted(map(int, re.findall(r"loaded: (\d+)", stdout)))
+
+
 def assert_read_once(stdout: str, processes: int) -> None:
     """The ``loaded:`` lines of an FSDP2 launch (tests/fsdp_on_cpu.py): one process holds the whole base model before
-    ``prepare``, the others none. The processes share one pipe, so another process's line may follow a figure before
-    its newline: the figures are read wherever they stand."""
-    held = sorted(map(int, re.findall(r"loaded: (\d+)", stdout)))
+    ``prepare``, the others none."""
+    held = loaded(stdout)
     assert len(held) == processes and held[:-1] == [0] * (processes - 1) and held[-1] > 0, held
 
 
@@ -152,3 +157,23 @@ def report_engine(prepare, describe) -> None:
         return accelerator
 
     prepare.make_accelerator = make_accelerator
+
+
+def report_loaded(prepare) -> None:
+    """In a launched process: make ``prepare.base_model`` print ``loaded: <bytes>``, the bytes of parameters the model
+    it returns holds in this process: none for a meta parameter, this process's partition for a DeepSpeed ZeRO-3 one
+    (its ``ds_tensor``; the parameter itself is then empty)."""
+    stock = prepare.base_model
+
+    def held(p) -> int:
+        if hasattr(p, "ds_tensor"):
+            return p.ds_tensor.numel() * p.ds_tensor.element_size()
+        return 0 if p.is_meta else p.numel() * p.element_size()
+
+    def base_model(*args, **kwargs):
+        model = stock(*args, **kwargs)
+        sys.stdout.write(f"loaded: {sum(map(held, model.parameters()))}\n")  # one write: the line and its newline
+        sys.stdout.flush()
+        return model
+
+    prepare.base_model = base_model

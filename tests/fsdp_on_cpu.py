@@ -15,7 +15,7 @@ import sys
 
 from accelerate import PartialState
 from accelerate.utils import DistributedType
-from finetune_launch import report_engine
+from finetune_launch import report_engine, report_loaded
 
 from hf_rope_ext.cli import main
 from hf_rope_ext.train import prepare
@@ -24,19 +24,6 @@ PartialState(cpu=True)  # the gloo process group, as the package's launched_stat
 PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU  # what a GPU launch would report
 
 
-def reporting(load):
-    """``load`` that prints the bytes of real parameters of the model it returns."""
-
-    def base_model(*args, **kwargs):
-        model = load(*args, **kwargs)
-        held = sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta)
-        sys.stdout.write(f"loaded: {held}\n")  # one write: the line and its newline together
-        sys.stdout.flush()
-        return model
-
-    return base_model
-
-
-prepare.base_model = reporting(prepare.base_model)
+report_loaded(prepare)
 report_engine(prepare, lambda accelerator: f"{accelerator.distributed_type.value} fsdp2={accelerator.is_fsdp2}")
 sys.exit(main(sys.argv[1:]))

@@ -21,11 +21,14 @@ from finetune_launch import (
     assert_same_figures,
     base_and_text,
     launch,
+    loaded,
     log_rows,
     one_process_gaps,
 )
+from safetensors.torch import load_file
 
-from hf_rope_ext.train import FinetuneConfig, finetune
+from hf_rope_ext.train import FinetuneConfig, finetune, load_adapter
+from hf_rope_ext.train.config import MERGED_DIR
 
 DEEPSPEED = importlib.util.find_spec("deepspeed")
 assert DEEPSPEED is not None, "tests/test_deepspeed.py needs deepspeed: pip install -e '.[test]'"
@@ -47,14 +50,18 @@ def setup(tmp_path_factory):
     return base_and_text(tmp_path_factory.mktemp("deepspeed"))
 
 
-def launch_zero3(setup, out: Path, **overrides):
+def launch_zero3(setup, out: Path, init: bool = True, **overrides):
     """Two DeepSpeed ZeRO-3 processes running ``finetune`` with RUN's options (the config's accumulation set to
-    --grad-accum's); each reports the engine accelerate gave it."""
-    engine = (*ZERO3, "--gradient_accumulation_steps", str(RUN["grad_accum"]))
+    --grad-accum's; ``init``: its ``zero3_init_flag``); each reports the engine accelerate gave it and the bytes of
+    the base model it holds as loaded: half of the weights each (partitioned as built), or all of them."""
+    engine = (*ZERO3, "--gradient_accumulation_steps", str(RUN["grad_accum"]), "--zero3_init_flag", str(init).lower())
     words = argv(setup, out, **{**RUN, "batch_size": 2, **overrides})
     done = launch(words, engine=engine, program=PROGRAM, env=ENV)
     assert done.stdout.count("engine: DEEPSPEED") == 2, done.stdout[-2000:]  # not turned into DDP
     assert done.stdout.count("adapter:") == 1  # the command's report, from the main process only
+    whole = sum(t.numel() * t.element_size() for t in load_file(setup / "base" / "model.safetensors").values())
+    held = loaded(done.stdout)
+    assert held == ([whole // 2] * 2 if init else [whole] * 2), (held, whole)
     return done
 
 
@@ -116,8 +123,10 @@ def test_deepspeed_checkpoints_hold_the_trainable_tensors_only(setup, two):
 
 def test_deepspeed_resume_from_a_middle_checkpoint_gives_the_uninterrupted_adapter(setup, two):
     resumed = setup / "resumed"
-    launch_zero3(setup, resumed, resume_from=two / "checkpoints" / "step-000002")
+    launch_zero3(setup, resumed, resume_from=two / "checkpoints" / "step-000002", merge=True)
     a, b = adapter(two), adapter(resumed)
+    merged, expected = load_file(resumed / MERGED_DIR / "model.safetensors"), merge_in_process(resumed)
+    assert merged.keys() == expected.keys() and all(torch.equal(merged[k], expected[k]) for k in merged)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [r[4] for r in log_rows(resumed)[1:]] == [r[4] for r in log_rows(two)[3:]]
     middle, last = (states(two / "checkpoints" / f"step-00000{s}", 0, "optim") for s in (2, 4))
@@ -125,11 +134,21 @@ def test_deepspeed_resume_from_a_middle_checkpoint_gives_the_uninterrupted_adapt
     assert float((flat[0] - flat[1]).abs().max()) > 20 * ATOL  # steps 3-4 move the weights: the resume loaded them
 
 
+def merge_in_process(out: Path) -> dict:
+    """The merged weights of ``out``'s adapter on its base, merged in this process (no DeepSpeed)."""
+    model = load_adapter(str(out)).merge_and_unload()
+    return {
+        k: v.contiguous()
+        for k, v in model.state_dict().items()
+        if k in load_file(out / MERGED_DIR / "model.safetensors")
+    }
+
+
 def test_deepspeed_with_each_row_over_both_processes_trains_the_one_process_adapter(setup):
     """``--sequence-parallel 2`` under ZeRO-3: the package's all-to-all around the attention function runs under
     DeepSpeed's engine as under DDP and FSDP2; an attention-level type, PoSE rows over both processes."""
     split = dict(rope_type="self_extend", length=128, window=48, max_steps=3, save_every=3)
-    launch_zero3(setup, setup / "split", **split, sequence_parallel=2)
+    launch_zero3(setup, setup / "split", init=False, **split, sequence_parallel=2)  # the model loaded whole, too
     options = dict(RUN, **split, model=str(setup / "base"), data=[str(setup / "data")], out=str(setup / "one-split"))
     one = finetune(FinetuneConfig(**options, batch_size=2))  # one group of two processes reads 2 rows
     a, b = adapter(setup / "one-split"), adapter(setup / "split")

@@ -1,17 +1,26 @@
 """How each process of a fine-tuning run gets the base model.
 
-One process, DDP, ZeRO and FSDP without accelerate's ``cpu_ram_efficient_loading``: every process reads the whole
-checkpoint and moves it to its device. FSDP2 with it (``examples/accelerate/fsdp.yaml``): the main process alone reads
-the checkpoint, into its host memory, and every other process builds the model on the meta device (its buffers, the
-rotary frequencies among them, computed as usual); accelerate's ``prepare`` then shards the model and broadcasts the
-main process's weights tensor by tensor into the shards, so no device ever holds more than its shards and the tensor
-being broadcast, and only the main process holds the whole model, in host memory. Whatever runs the model before
-``prepare`` (the fp16 range check, the 'before' figures) runs after it on such a run.
+One process, DDP, ZeRO below stage 3 (or ZeRO-3 with ``zero3_init_flag: false``) and FSDP without accelerate's
+``cpu_ram_efficient_loading``: every process reads the whole checkpoint and moves it to its device.
+
+FSDP2 with ``cpu_ram_efficient_loading`` (``examples/accelerate/fsdp.yaml``): the main process alone reads the
+checkpoint, into its host memory, and every other process builds the model on the meta device (its buffers, the rotary
+frequencies among them, computed as usual); accelerate's ``prepare`` then shards the model and broadcasts the main
+process's weights tensor by tensor into the shards, so no device ever holds more than its shards and the tensor being
+broadcast, and only the main process holds the whole model, in host memory.
+
+DeepSpeed ZeRO-3 with ``zero3_init_flag: true`` (``examples/accelerate/deepspeed_zero3.yaml``) over several processes:
+the Accelerator, whose DeepSpeed config transformers reads, exists before the model; transformers builds the model
+under DeepSpeed's ``zero.Init`` (each parameter partitioned over the processes as it is created) and the main process
+alone reads the checkpoint's values, one module's parameters gathered at a time.
+
+Whatever runs the model before ``prepare`` (the fp16 range check, the 'before' figures) runs after it on such runs.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 from .model import DTYPES, load_model
 
@@ -29,11 +38,31 @@ def reads_once() -> bool:
     )
 
 
-def base_model(path: str, config, precision: str, attn_implementation: str, state):
-    """The base model of this process (``state``: accelerate's PartialState): read and on the device; or, when the run
-    reads once, read into host memory (main process) or built on the meta device (the others)."""
+def uses_deepspeed() -> bool:
+    """Whether the launcher asked for DeepSpeed (``accelerate launch`` with a DeepSpeed config): its Accelerator is
+    then created before the model, which ZeRO-3's ``zero.Init`` needs."""
+    from accelerate.utils import parse_flag_from_env
+
+    return parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")
+
+
+def partitions_at_load(accelerator) -> bool:
+    """Whether ``accelerator`` (or None) runs DeepSpeed ZeRO-3 with ``zero3_init_flag`` over several processes."""
+    plugin = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None)
+    if plugin is None or accelerator.num_processes == 1:
+        return False
+    return plugin.hf_ds_config.is_zero3() and bool(plugin.zero3_init_flag)
+
+
+def base_model(path: str, config, precision: str, attn_implementation: str, state, accelerator=None):
+    """The base model of this process (``state``: accelerate's PartialState; ``accelerator``: the run's, when it
+    exists before loading): partitioned as built (ZeRO-3 ``zero.Init``); read and on the device; or, when the run reads
+    once, read into host memory (main process) or built on the meta device (the others)."""
+    if partitions_at_load(accelerator):
+        return load_model(path, config, precision, attn_implementation)
     if not reads_once():
-        return load_model(path, config, precision, attn_implementation).to(state.device)
+        with whole_weights(accelerator):
+            return load_model(path, config, precision, attn_implementation).to(state.device)
     if state.is_main_process:
         return load_model(path, config, precision, attn_implementation)
     return empty_model(config, precision, attn_implementation)
@@ -48,3 +77,22 @@ def empty_model(config, precision: str, attn_implementation: str):
         return AutoModelForCausalLM.from_config(
             config, dtype=DTYPES[precision], attn_implementation=attn_implementation
         )
+
+
+@contextmanager
+def whole_weights(accelerator):
+    """A context in which transformers loads a model whole: under DeepSpeed ZeRO-3 (``accelerator``'s plugin, whatever
+    its ``zero3_init_flag``) transformers would build it under ``zero.Init``, partitioned, which only a DeepSpeed
+    engine can run and which needs every process. transformers' switch is off inside; accelerate's plugin sets it
+    again after."""
+    plugin = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None)
+    if plugin is None:
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()

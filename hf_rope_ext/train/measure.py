@@ -5,13 +5,12 @@ a sliding window. On several processes each row is read through the training for
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
 from ..eval import EvalPlan, evaluate_model
 from ..eval.far_context import sliding_window_baseline, with_far_context
 from ..eval.perplexity import CachedLosses
+from .loading import whole_weights
 from .split_reading import SplitReader
 
 
@@ -80,21 +79,3 @@ def far_context(job, model, records: list[dict], losses) -> list[dict]:
     short = [r for r in records if r["length"] < l0]
     far = [r for r in records if r["length"] >= l0]
     return short + with_far_context(model, far, docs, total, l0, job.far_baseline, cfg.eval_rows, False, losses)
-
-
-@contextmanager
-def whole_weights(accelerator):
-    """A context in which transformers loads a model whole on each process: under DeepSpeed ZeRO-3 its ``zero.Init``
-    would partition the far-context baseline, which runs outside the engine. transformers' switch is off inside,
-    and accelerate's plugin sets it again after."""
-    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    if plugin is None:
-        yield
-        return
-    from transformers.integrations import unset_hf_deepspeed_config
-
-    unset_hf_deepspeed_config()
-    try:
-        yield
-    finally:
-        plugin.set_deepspeed_weakref()

@@ -17,7 +17,7 @@ from ..util.quiet import enable_activation_checkpointing, peft_wrapping
 from .config import MERGED_DIR, RESULTS_FILE, FinetuneConfig, training_summary
 from .context_parallel import check_context_parallel
 from .data import load_text, packed_stages, with_retrieval
-from .loading import base_model, reads_once
+from .loading import base_model, partitions_at_load, reads_once, uses_deepspeed, whole_weights
 from .lora import apply_lora
 from .measure import measure
 from .memory.techniques import check_engine, enable_techniques, tile_model
@@ -96,7 +96,8 @@ class Job:
         """Merge from the files just written (base in its saved dtype + adapter, on the CPU), so that sharded
         training states need no gathering and the saved adapter is what gets merged; the config keeps the rope."""
         target = work / MERGED_DIR
-        merged = load_adapter(str(work)).merge_and_unload()
+        with whole_weights(self.accelerator):  # the main process alone: never partitioned by ZeRO-3's zero.Init
+            merged = load_adapter(str(work)).merge_and_unload()
         merged.config.use_cache = True
         merged.save_pretrained(str(target))
         self.tokenizer.save_pretrained(str(target))
@@ -201,7 +202,9 @@ def make_accelerator(cfg: FinetuneConfig, precision: str, log_dir: Path):
 def prepare_run(cfg: FinetuneConfig) -> Job:
     """Every check that can fail, in order, before anything is written: rope type and length, data, fp16 range.
 
-    The Accelerator is created last: accelerate fixes its mixed precision once per process.
+    The Accelerator is created last (accelerate fixes its mixed precision once per process), except under DeepSpeed,
+    where it is created before the model: with ZeRO-3's ``zero3_init_flag`` the model is partitioned as it is built
+    (``train.loading``).
     """
     from transformers import AutoTokenizer
 
@@ -219,14 +222,17 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
     groups = state.num_processes // cfg.sequence_parallel  # data-parallel groups: each reads its own rows
     datasets = packed_stages(train_text, stages, cfg.packing, cfg.batch_size * cfg.grad_accum * groups)
     datasets = with_retrieval(datasets, tokenizer, cfg)
-    model = base_model(cfg.model, config, precision, attention_implementation(cfg.rope_type, state.device), state)
+    logs = log_dir(cfg.out, cfg.resume_from, cfg.log_dir)
+    accelerator = make_accelerator(cfg, precision, logs) if uses_deepspeed() else None  # ZeRO-3 zero.Init reads it
+    attention = attention_implementation(cfg.rope_type, state.device)
+    model = base_model(cfg.model, config, precision, attention, state, accelerator)
     tile_model(model, cfg.tiled_mlp)
     check_model(model.config, cfg.sequence_parallel, [stage.window for stage in stages] + list(cfg.eval_lengths or ()))
     fp16_row = torch.tensor(datasets[0][:1]["input_ids"], device=state.device) if precision == "fp16" else None
-    if fp16_row is not None and not reads_once():  # else checked once prepared (job.on_prepared)
+    if fp16_row is not None and not (reads_once() or partitions_at_load(accelerator)):  # else job.on_prepared
         check_fp16(model, fp16_row)
         fp16_row = None
-    accelerator = make_accelerator(cfg, precision, log_dir(cfg.out, cfg.resume_from, cfg.log_dir))
+    accelerator = accelerator or make_accelerator(cfg, precision, logs)
     check_context_parallel(accelerator, cfg.rope_type, model.config._attn_implementation, cfg.sequence_parallel)
     check_engine(accelerator, cfg.offload_checkpoints)
     sequence = make_group(cfg.sequence_parallel, state.num_processes, state.process_index)
