@@ -1,8 +1,10 @@
 """How each process gets the base model (``train.loading``): FSDP2 with CPU-RAM-efficient loading over several
 processes reads it once (the launcher's environment says so, nothing else does); a process that does not read builds
 it on the meta device with the reader's buffers (the rotary frequencies of the rope type asked); what would run the
-model before ``prepare`` (the fp16 range check) runs on the prepared model and still refuses an fp16 overflow.
-The launched runs (tests/test_fsdp.py, tests/test_sequence_parallel.py) check that one process alone read."""
+model before ``prepare`` (the fp16 range check) runs on the prepared model and still refuses an fp16 overflow. ZeRO-3
+with its ``zero3_init_flag`` partitions as it loads; on such runs the far-context baseline runs in host memory.
+The launched runs (tests/test_fsdp.py, tests/test_sequence_parallel.py, tests/test_deepspeed.py) check which process
+read and what each holds."""
 
 from types import SimpleNamespace
 
@@ -11,10 +13,11 @@ import torch
 from conftest import byte_llama_config, save_byte_llama
 from transformers import AutoModelForCausalLM
 
-from hf_rope_ext.train import loading
+from hf_rope_ext.train import loading, measure
 from hf_rope_ext.train.job import on_prepared
 from hf_rope_ext.train.model import extended_config
 
+META = torch.device("meta")  # an accelerator device that is not the CPU
 FSDP2_ONCE = {
     "WORLD_SIZE": "2",
     "ACCELERATE_USE_FSDP": "true",
@@ -63,3 +66,33 @@ def test_the_fp16_check_of_a_run_that_reads_once_runs_on_the_prepared_model():
     assert measured == ["before"]
     job.accelerator.num_processes = 1
     assert on_prepared(job) is None  # one process: the before figures were read at load
+
+
+def deepspeed_accelerator(processes=2, zero3=True, flag=True):
+    """The parts of an Accelerator that ``train.loading`` reads: process count and DeepSpeed plugin."""
+    config = SimpleNamespace(is_zero3=lambda: zero3)
+    plugin = SimpleNamespace(hf_ds_config=config, zero3_init_flag=flag)
+    return SimpleNamespace(num_processes=processes, state=SimpleNamespace(deepspeed_plugin=plugin), device=META)
+
+
+@pytest.mark.parametrize(
+    "accelerator, expected",
+    [
+        (deepspeed_accelerator(), True),
+        (deepspeed_accelerator(flag=False), False),
+        (deepspeed_accelerator(zero3=False), False),
+        (deepspeed_accelerator(processes=1), False),
+        (SimpleNamespace(num_processes=2, state=SimpleNamespace(deepspeed_plugin=None)), False),
+        (None, False),
+    ],
+)
+def test_only_zero3_with_its_init_flag_over_several_processes_partitions_at_load(accelerator, expected):
+    assert loading.partitions_at_load(accelerator) is expected
+
+
+def test_the_far_context_baseline_runs_in_host_memory_where_no_device_holds_the_whole_model(monkeypatch):
+    assert measure.baseline_device(deepspeed_accelerator(flag=False)) == torch.device("meta")  # its device
+    assert measure.baseline_device(deepspeed_accelerator()) == torch.device("cpu")
+    for key, value in FSDP2_ONCE.items():
+        monkeypatch.setenv(key, value)
+    assert measure.baseline_device(SimpleNamespace(state=None, device=META, num_processes=2)) == torch.device("cpu")

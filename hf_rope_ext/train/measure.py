@@ -10,7 +10,7 @@ import torch
 from ..eval import EvalPlan, evaluate_model
 from ..eval.far_context import sliding_window_baseline, with_far_context
 from ..eval.perplexity import CachedLosses
-from .loading import whole_weights
+from .loading import partitions_at_load, reads_once, whole_weights
 from .split_reading import SplitReader
 
 
@@ -62,7 +62,8 @@ def resharded(model) -> None:
 def far_context(job, model, records: list[dict], losses) -> list[dict]:
     """The records at lengths >= L0 with the far-context loss on the last L0 - 1 tokens of the longest length and its
     ratio to the base model (rope as saved) reading them through a sliding L0 window (measured once a job, by the
-    main process alone: the others never load that model)."""
+    main process alone: the others never load that model; on its device, or, where the run shards its weights as it
+    loads them (``baseline_device``), in its host memory)."""
     from accelerate.utils import broadcast_object_list
     from transformers import AutoModelForCausalLM
 
@@ -72,10 +73,17 @@ def far_context(job, model, records: list[dict], losses) -> list[dict]:
         acc, found = job.accelerator, [None]
         if acc.is_main_process:
             with whole_weights(acc):
-                base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(acc.device)
+                base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(baseline_device(acc))
             found = [sliding_window_baseline(base, docs, total, l0, l0 - 1, cfg.eval_rows)]
             del base
         job.far_baseline = broadcast_object_list(found)[0] if acc.num_processes > 1 else found[0]
     short = [r for r in records if r["length"] < l0]
     far = [r for r in records if r["length"] >= l0]
     return short + with_far_context(model, far, docs, total, l0, job.far_baseline, cfg.eval_rows, False, losses)
+
+
+def baseline_device(accelerator) -> torch.device:
+    """Where the far-context baseline runs: the main process's device, except on a run that never holds the whole
+    model on a device (FSDP2 reading once, ZeRO-3 partitioning as it loads: ``train.loading``), where it runs in host
+    memory, on the CPU."""
+    return torch.device("cpu") if reads_once() or partitions_at_load(accelerator) else accelerator.device
