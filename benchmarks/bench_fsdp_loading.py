@@ -1,8 +1,11 @@
-"""Memory of each process while an FSDP2 fine-tuning run loads its base model and shards it, read once against read
-everywhere, on P CPU processes over gloo (accelerate's FSDP2 path, as ``tests/fsdp_on_cpu.py`` runs it).
+"""Memory of each process while an FSDP2 or ZeRO-3 fine-tuning run loads its base model and shards it, read once
+against read everywhere, on P CPU processes over gloo (accelerate's FSDP2 path, as ``tests/fsdp_on_cpu.py`` runs it;
+DeepSpeed's, as ``tests/deepspeed_on_cpu.py`` runs it).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_fsdp_loading.py --processes 2 4 \
         --json docs/results/fsdp-loading/record.json
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_fsdp_loading.py --engine zero3 --processes 2 4 \
+        --json docs/results/fsdp-loading/zero3.json
 
 The base is a Llama built from a config (about 155M parameters, 620 MB in fp32: 8 layers of hidden 1024, a 32000-row
 embedding and head, untied), saved with a byte-level tokenizer; each launch is ``hf-rope-ext finetune`` with
@@ -11,6 +14,11 @@ embedding and head, untied), saved with a byte-level tokenizer; each launch is `
 - ``everywhere``: every process reads the whole checkpoint and moves it to its device, then accelerate's ``prepare``
   broadcasts the main process's weights into the shards (the control: what DDP and ZeRO-3 runs still do);
 - ``once``: ``train.loading``: the main process reads, the others build on the meta device.
+
+With ``--engine zero3`` the launch uses ``examples/accelerate/deepspeed_zero3.yaml``; ``everywhere`` is its
+``zero3_init_flag: false`` (every process loads the whole model, ``prepare`` partitions it) and ``once`` its
+``zero3_init_flag: true`` (the model partitioned as transformers builds it under ``zero.Init``, the main process
+reading the values). A ZeRO-3 parameter's bytes are those of its partition (``ds_tensor``).
 
 Per process: its resident memory just before the base model is loaded (the baseline: interpreter, libraries, data),
 the peak resident memory (``ru_maxrss``) once ``prepare`` has sharded the model, the live bytes of its parameters
@@ -41,6 +49,7 @@ SHAPE = dict(
     max_position_embeddings=32,
     tie_word_embeddings=False,
 )
+CONFIGS = {"fsdp2": "fsdp.yaml", "zero3": "deepspeed_zero3.yaml"}
 RUN = ["--rope-type", "ntk_by_parts", "--length", "64", "--max-steps", "1", "--batch-size", "1"]
 
 
@@ -56,16 +65,37 @@ def peak() -> int:
 
 
 def live_bytes(model) -> int:
-    """Bytes of the parameters this process holds (its local shard of a DTensor; none for a meta tensor)."""
+    """Bytes of the parameters this process holds (its local shard of a DTensor, its ZeRO-3 partition; none for a meta
+    tensor)."""
     total = 0
     for parameter in model.parameters():
-        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+        local = parameter.to_local() if hasattr(parameter, "to_local") else getattr(parameter, "ds_tensor", parameter)
         total += 0 if local.is_meta else local.numel() * local.element_size()
     return total
 
 
-def inner(way: str, argv: list[str]) -> int:
-    """One launched process: FSDP on the CPU (as tests/fsdp_on_cpu.py), ``way`` of loading, the figures printed."""
+def deepspeed_on_cpu() -> None:
+    """DeepSpeed's process group on gloo and an Accelerator built as on a GPU (``cpu=False``): what
+    ``tests/deepspeed_on_cpu.py`` does, so that accelerate runs DeepSpeed on CPU processes."""
+    import accelerate
+    import deepspeed
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    stock = accelerate.Accelerator
+
+    class Accelerator(stock):
+        def __init__(self, *args, cpu=False, **kwargs):
+            super().__init__(*args, cpu=False, **kwargs)
+
+    accelerate.Accelerator = Accelerator
+
+
+def inner(engine: str, way: str, argv: list[str]) -> int:
+    """One launched process: FSDP2 or ZeRO-3 on the CPU (as the tests run them), ``way`` of loading, the figures
+    printed."""
+    if engine == "zero3":
+        deepspeed_on_cpu()
     from accelerate import Accelerator, PartialState
     from accelerate.utils import DistributedType
 
@@ -74,8 +104,9 @@ def inner(way: str, argv: list[str]) -> int:
     from hf_rope_ext.util.memory_peak import LivePeak
 
     state = PartialState(cpu=True)
-    PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
-    if way == "everywhere":
+    if engine == "fsdp2":
+        PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
+    if way == "everywhere":  # under ZeRO-3 the launcher's zero3_init_flag says it
         loading.reads_once = lambda: False
     row = {"way": way, "rank": state.process_index, "processes": state.num_processes}
     stock_base, stock_prepare = prepare.base_model, Accelerator.prepare
@@ -86,7 +117,7 @@ def inner(way: str, argv: list[str]) -> int:
         row.update(baseline=resident(), peak_before=peak())
         live.__enter__()  # left once prepare has sharded the model
         model = stock_base(*args, **kwargs)
-        row["loaded"] = live_bytes(model)
+        row.update(loaded=live_bytes(model), loading_peak=peak(), loading_live_peak=live.peak)
         return model
 
     def prepared(self, *args, **kwargs):
@@ -117,15 +148,19 @@ def save_base(root: Path) -> tuple[Path, int, int]:
     return root / "base", sum(sizes), max(sizes)
 
 
-def launch(root: Path, way: str, processes: int) -> list[dict]:
-    """One FSDP2 run of ``processes`` CPU processes loading ``way``; its rows, in rank order."""
-    config = ROOT / "examples" / "accelerate" / "fsdp.yaml"
+def launch(root: Path, engine: str, way: str, processes: int) -> list[dict]:
+    """One run of ``processes`` CPU processes on ``engine`` loading ``way``; its rows, in rank order."""
+    config = ROOT / "examples" / "accelerate" / CONFIGS[engine]
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
     command += ["--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no"]
-    command += ["--dynamo_backend", "no", "--main_process_port", str(29700 + processes), __file__, "--inner", way]
-    out = root / f"out-{way}-{processes}"
-    command += ["finetune", "--model", str(root / "base"), "--data", str(root / "data"), "--out", str(out), *RUN]
+    if engine == "zero3":
+        command += ["--gradient_accumulation_steps", "1", "--zero3_init_flag", str(way == "once").lower()]
+    command += ["--dynamo_backend", "no", "--main_process_port", str(29700 + processes), __file__]
+    out = root / f"out-{engine}-{way}-{processes}"
+    command += ["--inner", engine, way, "finetune", "--model", str(root / "base"), "--data", str(root / "data")]
+    command += ["--out", str(out), *RUN]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env |= {"DS_ACCELERATOR": "cpu"} if engine == "zero3" else {}
     done = subprocess.run(command + ["--no-progress"], env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
@@ -135,14 +170,17 @@ def launch(root: Path, way: str, processes: int) -> list[dict]:
 
 def table(rows: list[dict], weights: int, largest: int) -> str:
     """Per process, MiB: the resident baseline, the resident peak beyond it, the peak of live tensors made while loading
-    and sharding (``LivePeak``), the parameters held after loading and after sharding, and the bound W/P + largest."""
+    and sharding (``LivePeak``), the parameters held after loading and after sharding, the two peaks once the model is
+    loaded (before ``prepare``), and the bound W/P + largest."""
     mib = 2**20
     head = ("P", "loading", "rank", "resident before", "resident peak beyond", "live peak", "loaded", "shards")
+    head += ("loading: resident peak beyond", "loading: live peak")
     lines = ["| " + " | ".join((*head, "W/P + largest")) + " |"]
-    lines.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    lines.append("|---:|---|" + "---:|" * (len(head) - 1))
     for r in rows:
         bound = (weights / r["processes"] + largest) / mib
         figures = (r["baseline"], r["peak"] - r["baseline"], r["live_peak"], r["loaded"], r["shards"])
+        figures += (r["loading_peak"] - r["baseline"], r["loading_live_peak"])
         cells = " | ".join(f"{x / mib:.0f}" for x in figures)
         lines.append(f"| {r['processes']} | {r['way']} | {r['rank']} | {cells} | {bound:.0f} |")
     return "\n".join(lines)
@@ -153,18 +191,23 @@ def outer(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         _, weights, largest = save_base(root)
-        rows = [r for p in args.processes for way in ("everywhere", "once") for r in launch(root, way, p)]
+        ways = ("everywhere", "once")
+        rows = [r for p in args.processes for way in ways for r in launch(root, args.engine, way, p)]
     print(table(rows, weights, largest))
-    record = {"commit": commit, "shape": SHAPE, "weights": weights, "largest": largest, "rows": rows}
+    record = {"commit": commit, "engine": args.engine, "shape": SHAPE, "weights": weights, "largest": largest}
+    record["rows"] = rows
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--inner":
-        sys.exit(inner(sys.argv[2], sys.argv[3:]))
+    if len(sys.argv) > 3 and sys.argv[1] == "--inner":
+        code = inner(sys.argv[2], sys.argv[3], sys.argv[4:])
+        sys.stdout.flush()
+        os._exit(code)  # without the interpreter's teardown, where a DeepSpeed CPU process may abort (as in the tests)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=sorted(CONFIGS), default="fsdp2")
     parser.add_argument("--processes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--json", help="write the record here")
     outer(parser.parse_args())
