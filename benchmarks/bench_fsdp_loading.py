@@ -107,7 +107,7 @@ def inner(engine: str, way: str, argv: list[str]) -> int:
     if engine == "fsdp2":
         PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
     if way == "everywhere":  # under ZeRO-3 the launcher's zero3_init_flag says it
-        loading.reads_once = lambda: False
+        loading.reads_once = lambda accelerator: False
     row = {"way": way, "rank": state.process_index, "processes": state.num_processes}
     stock_base, stock_prepare = prepare.base_model, Accelerator.prepare
 

@@ -74,6 +74,17 @@ def test_two_fsdp_processes_train_the_one_process_adapter(setup, two):
     assert difference <= ATOL and loss_difference <= LOSS_ATOL
 
 
+def test_the_fsdp_config_run_as_ddp_reads_the_model_on_every_process_and_trains(setup):
+    """Where accelerate runs the shipped FSDP2 config as DDP (no GPU, and not tests/fsdp_on_cpu.py's shared state), no
+    process may be left with the meta weights of a run that reads once: every process reads, and the run trains the
+    one-process adapter."""
+    out = setup / "as-ddp"
+    done = launch(argv(setup, out, **{**RUN, "max_steps": 2, "batch_size": 2}), engine=FSDP)
+    assert "FSDP asked, accelerate runs MULTI_CPU" in done.stderr
+    difference, loss_difference = one_process_gaps(setup, out, dict(RUN, max_steps=2), batch_size=4)
+    assert difference <= ATOL and loss_difference <= LOSS_ATOL
+
+
 def test_fsdp_checkpoints_hold_the_trainable_tensors_only(setup, two):
     """Every checkpoint: the adapter's tensors (no frozen base, in no file), AdamW's two moments of exactly those."""
     final = adapter(two)

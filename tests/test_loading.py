@@ -1,10 +1,10 @@
-"""How each process gets the base model (``train.loading``): FSDP2 with CPU-RAM-efficient loading over several
-processes reads it once (the launcher's environment says so, nothing else does); a process that does not read builds
-it on the meta device with the reader's buffers (the rotary frequencies of the rope type asked); what would run the
-model before ``prepare`` (the fp16 range check) runs on the prepared model and still refuses an fp16 overflow. ZeRO-3
-with its ``zero3_init_flag`` partitions as it loads; on such runs the far-context baseline runs in host memory.
-The launched runs (tests/test_fsdp.py, tests/test_sequence_parallel.py, tests/test_deepspeed.py) check which process
-read and what each holds."""
+"""How each process gets the base model (``train.loading``): FSDP2 with CPU-RAM-efficient loading over several processes
+reads it once (the engine accelerate runs says so, nothing else does; the Accelerator comes first when the launcher
+asks for FSDP or DeepSpeed); a process that does not read builds it on the meta device with the reader's buffers (the
+rotary frequencies of the rope type asked); what would run the model before ``prepare`` (the fp16 range check) runs
+on the prepared model and still refuses an fp16 overflow. ZeRO-3 with its ``zero3_init_flag`` partitions as it loads;
+on such runs the far-context baseline runs in host memory. The launched runs (tests/test_fsdp.py,
+tests/test_sequence_parallel.py, tests/test_deepspeed.py) check which process read and what each holds."""
 
 from types import SimpleNamespace
 
@@ -18,31 +18,46 @@ from hf_rope_ext.train.job import on_prepared
 from hf_rope_ext.train.model import extended_config
 
 META = torch.device("meta")  # an accelerator device that is not the CPU
-FSDP2_ONCE = {
-    "WORLD_SIZE": "2",
-    "ACCELERATE_USE_FSDP": "true",
-    "FSDP_VERSION": "2",
-    "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
-}
 
 
-@pytest.mark.parametrize("missing", [None, *FSDP2_ONCE])
-def test_only_fsdp2_with_efficient_loading_over_several_processes_reads_once(monkeypatch, missing):
-    for key, value in FSDP2_ONCE.items():
+def fsdp_accelerator(processes=2, fsdp2=True, efficient=True):
+    """The parts of an Accelerator that ``train.loading`` reads under FSDP: process count, engine, plugin."""
+    state = SimpleNamespace(fsdp_plugin=SimpleNamespace(cpu_ram_efficient_loading=efficient), deepspeed_plugin=None)
+    return SimpleNamespace(num_processes=processes, is_fsdp2=fsdp2, state=state, device=META)
+
+
+FSDP2_ONCE = fsdp_accelerator()
+
+
+@pytest.mark.parametrize(
+    "accelerator, expected",
+    [
+        (FSDP2_ONCE, True),
+        (fsdp_accelerator(processes=1), False),
+        (fsdp_accelerator(fsdp2=False), False),  # FSDP1, or FSDP asked where accelerate runs DDP
+        (fsdp_accelerator(efficient=False), False),
+        (None, False),  # no engine asked: the Accelerator comes after the model
+    ],
+)
+def test_only_fsdp2_with_efficient_loading_over_several_processes_reads_once(accelerator, expected):
+    assert loading.reads_once(accelerator) is expected
+
+
+@pytest.mark.parametrize("launched", [{}, {"ACCELERATE_USE_FSDP": "true"}, {"ACCELERATE_USE_DEEPSPEED": "true"}])
+def test_the_accelerator_comes_first_when_fsdp_or_deepspeed_is_asked(monkeypatch, launched):
+    for key in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in launched.items():
         monkeypatch.setenv(key, value)
-    if missing:
-        monkeypatch.setenv(missing, {"WORLD_SIZE": "1", "FSDP_VERSION": "1"}.get(missing, "false"))
-    assert loading.reads_once() is (missing is None)
+    assert loading.engine_first() is bool(launched)
 
 
 @pytest.mark.parametrize("rope_type", ["yarn", "self_extend"])
-def test_a_process_that_does_not_read_holds_no_weights_and_the_readers_buffers(tmp_path, monkeypatch, rope_type):
-    for key, value in FSDP2_ONCE.items():
-        monkeypatch.setenv(key, value)
+def test_a_process_that_does_not_read_holds_no_weights_and_the_readers_buffers(tmp_path, rope_type):
     save_byte_llama(tmp_path, 32)
     config = extended_config(str(tmp_path), rope_type, 128, 4.0 if rope_type == "yarn" else None, {})
     states = [SimpleNamespace(is_main_process=main, device=torch.device("cpu")) for main in (True, False)]
-    reader, other = (loading.base_model(str(tmp_path), config, "fp32", "sdpa", state) for state in states)
+    reader, other = (loading.base_model(str(tmp_path), config, "fp32", "sdpa", s, FSDP2_ONCE) for s in states)
     assert all(not p.is_meta for p in reader.parameters()) and all(p.is_meta for p in other.parameters())
     assert [n for n, _ in reader.named_parameters()] == [n for n, _ in other.named_parameters()]
     buffers = dict(reader.named_buffers())
@@ -90,9 +105,8 @@ def test_only_zero3_with_its_init_flag_over_several_processes_partitions_at_load
     assert loading.partitions_at_load(accelerator) is expected
 
 
-def test_the_far_context_baseline_runs_in_host_memory_where_no_device_holds_the_whole_model(monkeypatch):
+def test_the_far_context_baseline_runs_in_host_memory_where_no_device_holds_the_whole_model():
     assert measure.baseline_device(deepspeed_accelerator(flag=False)) == torch.device("meta")  # its device
     assert measure.baseline_device(deepspeed_accelerator()) == torch.device("cpu")
-    for key, value in FSDP2_ONCE.items():
-        monkeypatch.setenv(key, value)
-    assert measure.baseline_device(SimpleNamespace(state=None, device=META, num_processes=2)) == torch.device("cpu")
+    assert measure.baseline_device(FSDP2_ONCE) == torch.device("cpu")
+    assert measure.baseline_device(fsdp_accelerator(fsdp2=False)) == META

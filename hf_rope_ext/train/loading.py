@@ -3,7 +3,8 @@
 One process, DDP, ZeRO below stage 3 (or ZeRO-3 with ``zero3_init_flag: false``) and FSDP without accelerate's
 ``cpu_ram_efficient_loading``: every process reads the whole checkpoint and moves it to its device.
 
-FSDP2 with ``cpu_ram_efficient_loading`` (``examples/accelerate/fsdp.yaml``): the main process alone reads the
+FSDP2 with ``cpu_ram_efficient_loading`` (``examples/accelerate/fsdp.yaml``), where accelerate runs FSDP2 (on GPUs;
+on a machine without one it runs DDP, and every process reads): the main process alone reads the
 checkpoint, into its host memory, and every other process builds the model on the meta device (its buffers, the rotary
 frequencies among them, computed as usual); accelerate's ``prepare`` then shards the model and broadcasts the main
 process's weights tensor by tensor into the shards, so no device ever holds more than its shards and the tensor being
@@ -19,31 +20,26 @@ Whatever runs the model before ``prepare`` (the fp16 range check, the 'before' f
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 
 from .model import DTYPES, load_model
 
 
-def reads_once() -> bool:
-    """Whether the launcher asked for FSDP2 with CPU-RAM-efficient loading over several processes (accelerate's
-    environment variables, set by ``accelerate launch`` from its config before any process starts)."""
+def engine_first() -> bool:
+    """Whether the launcher asked for FSDP or DeepSpeed (``accelerate launch`` with such a config; its environment
+    says so): the run's Accelerator is then created before the model, which is loaded as the engine accelerate really
+    runs needs (accelerate may run FSDP as DDP where there is no GPU; ZeRO-3's ``zero.Init`` reads the Accelerator's
+    DeepSpeed config)."""
     from accelerate.utils import parse_flag_from_env
 
-    return (
-        int(os.environ.get("WORLD_SIZE", "1")) > 1
-        and parse_flag_from_env("ACCELERATE_USE_FSDP")
-        and os.environ.get("FSDP_VERSION", "1") == "2"
-        and parse_flag_from_env("FSDP_CPU_RAM_EFFICIENT_LOADING")
-    )
+    return parse_flag_from_env("ACCELERATE_USE_FSDP") or parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")
 
 
-def uses_deepspeed() -> bool:
-    """Whether the launcher asked for DeepSpeed (``accelerate launch`` with a DeepSpeed config): its Accelerator is
-    then created before the model, which ZeRO-3's ``zero.Init`` needs."""
-    from accelerate.utils import parse_flag_from_env
-
-    return parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")
+def reads_once(accelerator) -> bool:
+    """Whether ``accelerator`` (or None) runs FSDP2 with CPU-RAM-efficient loading over several processes."""
+    if accelerator is None or accelerator.num_processes == 1 or not getattr(accelerator, "is_fsdp2", False):
+        return False
+    return bool(accelerator.state.fsdp_plugin.cpu_ram_efficient_loading)
 
 
 def partitions_at_load(accelerator) -> bool:
@@ -54,13 +50,19 @@ def partitions_at_load(accelerator) -> bool:
     return plugin.hf_ds_config.is_zero3() and bool(plugin.zero3_init_flag)
 
 
+def shards_at_load(accelerator) -> bool:
+    """Whether no process of the run ever holds the whole model on its device (``reads_once``, ``partitions_at_load``):
+    what would run the model before ``prepare`` runs on the prepared one."""
+    return reads_once(accelerator) or partitions_at_load(accelerator)
+
+
 def base_model(path: str, config, precision: str, attn_implementation: str, state, accelerator=None):
     """The base model of this process (``state``: accelerate's PartialState; ``accelerator``: the run's, when it
     exists before loading): partitioned as built (ZeRO-3 ``zero.Init``); read and on the device; or, when the run reads
     once, read into host memory (main process) or built on the meta device (the others)."""
     if partitions_at_load(accelerator):
         return load_model(path, config, precision, attn_implementation)
-    if not reads_once():
+    if not reads_once(accelerator):
         with whole_weights(accelerator):
             return load_model(path, config, precision, attn_implementation).to(state.device)
     if state.is_main_process:

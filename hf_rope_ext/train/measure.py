@@ -10,7 +10,7 @@ import torch
 from ..eval import EvalPlan, evaluate_model
 from ..eval.far_context import sliding_window_baseline, with_far_context
 from ..eval.perplexity import CachedLosses
-from .loading import partitions_at_load, reads_once, whole_weights
+from .loading import shards_at_load, whole_weights
 from .split_reading import SplitReader
 
 
@@ -86,4 +86,4 @@ def baseline_device(accelerator) -> torch.device:
     """Where the far-context baseline runs: the main process's device, except on a run that never holds the whole
     model on a device (FSDP2 reading once, ZeRO-3 partitioning as it loads: ``train.loading``), where it runs in host
     memory, on the CPU."""
-    return torch.device("cpu") if reads_once() or partitions_at_load(accelerator) else accelerator.device
+    return torch.device("cpu") if shards_at_load(accelerator) else accelerator.device

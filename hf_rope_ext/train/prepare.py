@@ -17,7 +17,7 @@ from ..util.quiet import enable_activation_checkpointing, peft_wrapping
 from .config import MERGED_DIR, RESULTS_FILE, FinetuneConfig, training_summary
 from .context_parallel import check_context_parallel
 from .data import load_text, packed_stages, with_retrieval
-from .loading import base_model, partitions_at_load, reads_once, uses_deepspeed, whole_weights
+from .loading import base_model, engine_first, shards_at_load, whole_weights
 from .lora import apply_lora
 from .measure import measure
 from .memory.techniques import check_engine, enable_techniques, tile_model
@@ -202,8 +202,8 @@ def make_accelerator(cfg: FinetuneConfig, precision: str, log_dir: Path):
 def prepare_run(cfg: FinetuneConfig) -> Job:
     """Every check that can fail, in order, before anything is written: rope type and length, data, fp16 range.
 
-    The Accelerator is created last (accelerate fixes its mixed precision once per process), except under DeepSpeed,
-    where it is created before the model: with ZeRO-3's ``zero3_init_flag`` the model is partitioned as it is built
+    The Accelerator is created last (accelerate fixes its mixed precision once per process), except under FSDP and
+    DeepSpeed, where it is created before the model, which is loaded as the engine accelerate runs needs it
     (``train.loading``).
     """
     from transformers import AutoTokenizer
@@ -223,13 +223,13 @@ def prepare_run(cfg: FinetuneConfig) -> Job:
     datasets = packed_stages(train_text, stages, cfg.packing, cfg.batch_size * cfg.grad_accum * groups)
     datasets = with_retrieval(datasets, tokenizer, cfg)
     logs = log_dir(cfg.out, cfg.resume_from, cfg.log_dir)
-    accelerator = make_accelerator(cfg, precision, logs) if uses_deepspeed() else None  # ZeRO-3 zero.Init reads it
+    accelerator = make_accelerator(cfg, precision, logs) if engine_first() else None  # see train.loading
     attention = attention_implementation(cfg.rope_type, state.device)
     model = base_model(cfg.model, config, precision, attention, state, accelerator)
     tile_model(model, cfg.tiled_mlp)
     check_model(model.config, cfg.sequence_parallel, [stage.window for stage in stages] + list(cfg.eval_lengths or ()))
     fp16_row = torch.tensor(datasets[0][:1]["input_ids"], device=state.device) if precision == "fp16" else None
-    if fp16_row is not None and not (reads_once() or partitions_at_load(accelerator)):  # else job.on_prepared
+    if fp16_row is not None and not shards_at_load(accelerator):  # else checked once prepared (job.on_prepared)
         check_fp16(model, fp16_row)
         fp16_row = None
     accelerator = accelerator or make_accelerator(cfg, precision, logs)
