@@ -28,6 +28,7 @@ from .batches import data_parallel, micro_batches, stage_loaders
 from .checkpoints import keep_trainable_only, load_checkpoint, save_checkpoint
 from .context_parallel import IGNORE_INDEX, shifted_labels
 from .csv_log import CsvLog
+from .deepspeed_config import fill_deepspeed_config
 from .head_loss import summed_loss
 from .interrupt import Interrupted, StopRequest
 from .positions import position_ids, step_generator
@@ -145,7 +146,7 @@ def train(
     sp = settings.sequence_parallel
     total, plan = sum(s.steps for s in stages), settings.plan(stages, data_parallel(accelerator, sp)[0])
     optimizer, scheduler = make_optimizer(model, settings, total)
-    set_deepspeed_micro_batch(accelerator, settings.batch_size)
+    fill_deepspeed_config(accelerator, model, settings.batch_size)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     accelerator.register_save_state_pre_hook(keep_trainable_only)
     if prepared is not None:
@@ -185,14 +186,6 @@ def train(
     finally:
         disable()
     return rows, model
-
-
-def set_deepspeed_micro_batch(accelerator, batch_size: int) -> None:
-    """Under DeepSpeed accelerate reads each process' micro-batch from a dataloader given to the same ``prepare``
-    call as the model; the loop prepares its loaders apart (one per stage), so an ``auto`` value is filled here."""
-    plugin = accelerator.state.deepspeed_plugin
-    if plugin is not None and plugin.is_auto("train_micro_batch_size_per_gpu"):
-        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = batch_size
 
 
 def run_stage(run: Run, step: int, rows: list[dict]) -> int:
