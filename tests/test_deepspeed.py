@@ -3,7 +3,9 @@ with ZeRO stage 3, DeepSpeed's CPU accelerator; launched with the shipped ``exam
 tests/deepspeed_on_cpu.py builds the Accelerator as a GPU launch would) train the one-process adapter with gradient
 accumulation, PoSE positions, trained norms and activation checkpointing; each checkpoint holds the trainable tensors
 and their optimizer state only, never the frozen base; a resume from a middle checkpoint gives the uninterrupted
-adapter. deepspeed is in the ``test`` extra: without it this module fails, it is not skipped."""
+adapter. Each process holds half the base model as loaded (the shipped ``zero3_init_flag: true``: partitioned as
+built) or all of it (false, the resumed run); the merged model of a ZeRO-3 run equals the merge done in this process.
+deepspeed is in the ``test`` extra: without it this module fails, it is not skipped."""
 
 import importlib.util
 import os
@@ -123,7 +125,8 @@ def test_deepspeed_checkpoints_hold_the_trainable_tensors_only(setup, two):
 
 def test_deepspeed_resume_from_a_middle_checkpoint_gives_the_uninterrupted_adapter(setup, two):
     resumed = setup / "resumed"
-    launch_zero3(setup, resumed, resume_from=two / "checkpoints" / "step-000002", merge=True)
+    # loaded whole this time (zero3_init_flag false): the partitions, and so the resumed run, are the same
+    launch_zero3(setup, resumed, init=False, resume_from=two / "checkpoints" / "step-000002", merge=True)
     a, b = adapter(two), adapter(resumed)
     merged, expected = load_file(resumed / MERGED_DIR / "model.safetensors"), merge_in_process(resumed)
     assert merged.keys() == expected.keys() and all(torch.equal(merged[k], expected[k]) for k in merged)
@@ -148,7 +151,7 @@ def test_deepspeed_with_each_row_over_both_processes_trains_the_one_process_adap
     """``--sequence-parallel 2`` under ZeRO-3: the package's all-to-all around the attention function runs under
     DeepSpeed's engine as under DDP and FSDP2; an attention-level type, PoSE rows over both processes."""
     split = dict(rope_type="self_extend", length=128, window=48, max_steps=3, save_every=3)
-    launch_zero3(setup, setup / "split", init=False, **split, sequence_parallel=2)  # the model loaded whole, too
+    launch_zero3(setup, setup / "split", **split, sequence_parallel=2)
     options = dict(RUN, **split, model=str(setup / "base"), data=[str(setup / "data")], out=str(setup / "one-split"))
     one = finetune(FinetuneConfig(**options, batch_size=2))  # one group of two processes reads 2 rows
     a, b = adapter(setup / "one-split"), adapter(setup / "split")
