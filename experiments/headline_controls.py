@@ -33,6 +33,11 @@ EVAL += "--dtype float32 --log docs/results/real-model/{log}"
 # the 4x logs were written before lines carried their provenance
 UNRECORDED = "not recorded (a)"
 UNRECORDED_NOTE = "(a) Logged before log lines named their commit; from git: {}.\n"
+# what "+dirty" meant for the lines that carry it: the checkout's one change, read from `git status` where they ran
+DIRTY_NOTE = (
+    "(b) A commit marked +dirty: the lines' checkout (f593fff) differed from its commit in one file, another cell's probe log "
+    "(control-probes-saved-8192.jsonl, three lines appended by the run before); the code was the commit's.\n"
+)
 
 
 @dataclass(frozen=True)
@@ -333,7 +338,9 @@ def page(done: dict, history: dict) -> str:
     """The controls page of the records and of ``history`` (HISTORY: when the 4x lines reached the repository, and
     the replay of some of them at a later commit, a markdown section)."""
     keys = keys_of(done)
-    parts = [INTRO, "## Every cell\n", overview_table(done, keys), "", UNRECORDED_NOTE.format(history["4x lines"])]
+    overview = overview_table(done, keys)
+    parts = [INTRO, "## Every cell\n", overview, "", UNRECORDED_NOTE.format(history["4x lines"])]
+    parts += [DIRTY_NOTE] if "+dirty" in overview else []
     parts += ["## Per question wording (both probes)\n"]
     parts += [FRAME, wording_table(keys), "\n## Paired keys (exact tests by prompt)\n", PAIRS_NOTE, pairs_table(keys)]
     parts += ["\n## The 4x lines replayed\n", REPLAY_NOTE, history["replay"]]
