@@ -58,7 +58,7 @@ POINTS = [
     *(Point("llama-16x8", "yarn", 8192, 1, c, 3 if c in ("none", "tiled") else 1) for c in COMBINATIONS),
     *(Point("llama-16x8", "yarn", 8192, 2, c) for c in COMBINATIONS),
     *(Point("llama-16x8", "yarn", 16384, 1, c) for c in COMBINATIONS),
-    *(Point("llama-16x8", "yarn", 16384, 2, c) for c in ("none", "all")),
+    *(Point("llama-16x8", "yarn", 16384, 2, c) for c in COMBINATIONS),
     *(Point("smollm2-135m", "self_extend", 12288, n, c) for n in (1, 3) for c in ("none", "all")),
     # after the model counts the attention engine's backward: new lengths and types, predicted before they run
     *(
