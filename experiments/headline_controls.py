@@ -35,8 +35,9 @@ UNRECORDED = "not recorded (a)"
 UNRECORDED_NOTE = "(a) Logged before log lines named their commit; from git: {}.\n"
 # what "+dirty" meant for the lines that carry it: the checkout's one change, read from `git status` where they ran
 DIRTY_NOTE = (
-    "(b) A commit marked +dirty: the lines' checkout (f593fff) differed from its commit in one file, another cell's probe log "
-    "(control-probes-saved-8192.jsonl, three lines appended by the run before); the code was the commit's.\n"
+    "(b) A commit marked +dirty: the lines' checkout (f593fff) differed from its commit in one file, another "
+    "cell's probe log (control-probes-saved-8192.jsonl, three lines appended by the run before); the code was the "
+    "commit's.\n"
 )
 
 
