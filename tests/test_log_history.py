@@ -3,20 +3,13 @@ over those lines alone; lines appended later with their provenance leave it as i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
 
+from conftest import load_script
+
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-
-
-def load_log_history():
-    path = Path(__file__).resolve().parents[1] / "experiments" / "log_history.py"
-    spec = importlib.util.spec_from_file_location("log_history", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def commit_lines(repo: Path, log: Path, lines: list[dict]) -> str:
@@ -30,7 +23,7 @@ def commit_lines(repo: Path, log: Path, lines: list[dict]) -> str:
 
 
 def test_the_time_range_reads_the_lines_without_provenance_only(tmp_path, monkeypatch):
-    history = load_log_history()
+    history = load_script("log_history")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     log = tmp_path / history.LOGS / "x.jsonl"
     log.parent.mkdir(parents=True)
