@@ -129,7 +129,7 @@ def test_deepspeed_resume_from_a_middle_checkpoint_gives_the_uninterrupted_adapt
     launch_zero3(setup, resumed, init=False, resume_from=two / "checkpoints" / "step-000002", merge=True)
     a, b = adapter(two), adapter(resumed)
     merged, expected = load_file(resumed / MERGED_DIR / "model.safetensors"), merge_in_process(resumed)
-    assert merged.keys() == expected.keys() and all(torch.equal(merged[k], expected[k]) for k in merged)
+    assert merged.keys() <= expected.keys() and all(torch.equal(merged[k], expected[k]) for k in merged)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [r[4] for r in log_rows(resumed)[1:]] == [r[4] for r in log_rows(two)[3:]]
     middle, last = (states(two / "checkpoints" / f"step-00000{s}", 0, "optim") for s in (2, 4))
@@ -138,13 +138,8 @@ def test_deepspeed_resume_from_a_middle_checkpoint_gives_the_uninterrupted_adapt
 
 
 def merge_in_process(out: Path) -> dict:
-    """The merged weights of ``out``'s adapter on its base, merged in this process (no DeepSpeed)."""
-    model = load_adapter(str(out)).merge_and_unload()
-    return {
-        k: v.contiguous()
-        for k, v in model.state_dict().items()
-        if k in load_file(out / MERGED_DIR / "model.safetensors")
-    }
+    """The state dict of ``out``'s adapter merged into its base in this process (no DeepSpeed)."""
+    return load_adapter(str(out)).merge_and_unload().state_dict()
 
 
 def test_deepspeed_with_each_row_over_both_processes_trains_the_one_process_adapter(setup):

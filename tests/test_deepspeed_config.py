@@ -43,5 +43,6 @@ def test_a_given_bucket_and_micro_batch_are_kept_and_a_large_model_is_capped():
     assert config["zero_optimization"]["reduce_bucket_size"] == DEEPSPEED_BUCKET
 
 
-def test_without_deepspeed_nothing_is_filled():
-    fill_deepspeed_config(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None)), lora_like(), batch_size=3)
+def test_without_deepspeed_nothing_is_read_or_filled():
+    unread = SimpleNamespace(parameters=lambda: pytest.fail("the model's parameters were walked without DeepSpeed"))
+    fill_deepspeed_config(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None)), unread, batch_size=3)

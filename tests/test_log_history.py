@@ -4,6 +4,7 @@ over those lines alone; lines appended later with their provenance leave it as i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -16,7 +17,8 @@ def commit_lines(repo: Path, log: Path, lines: list[dict]) -> str:
     """Append ``lines`` to ``log`` and commit; the commit's short hash."""
     with log.open("a") as handle:
         handle.writelines(json.dumps(line) + "\n" for line in lines)
-    run = lambda *a: subprocess.run(["git", *a], cwd=repo, env=GIT_ENV, capture_output=True, text=True, check=True)  # noqa: E731
+    env = {**os.environ, **GIT_ENV}
+    run = lambda *a: subprocess.run(["git", *a], cwd=repo, env=env, capture_output=True, text=True, check=True)  # noqa: E731
     run("add", "-A")
     run("commit", "-q", "-m", "lines")
     return run("rev-parse", "--short=7", "HEAD").stdout.strip()
@@ -33,4 +35,4 @@ def test_the_time_range_reads_the_lines_without_provenance_only(tmp_path, monkey
     monkeypatch.setattr(history, "ROOT", tmp_path)
     found = history.time_range(["x.jsonl"])
     assert f"between {first} (" in found and f"and {second} (" in found and later not in found, found
-    assert history.first_commits("x.jsonl")["c"] == {**history.first_commits("x.jsonl")["c"], "recorded": True}
+    assert [f["recorded"] for f in history.first_commits("x.jsonl").values()] == [False, False, True]

@@ -44,10 +44,15 @@ def reads_once(accelerator) -> bool:
 
 def partitions_at_load(accelerator) -> bool:
     """Whether ``accelerator`` (or None) runs DeepSpeed ZeRO-3 with ``zero3_init_flag`` over several processes."""
-    plugin = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None)
+    plugin = deepspeed_plugin(accelerator)
     if plugin is None or accelerator.num_processes == 1:
         return False
     return plugin.hf_ds_config.is_zero3() and bool(plugin.zero3_init_flag)
+
+
+def deepspeed_plugin(accelerator):
+    """``accelerator``'s DeepSpeed plugin; None without DeepSpeed or without an Accelerator yet."""
+    return getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None)
 
 
 def shards_at_load(accelerator) -> bool:
@@ -87,7 +92,7 @@ def whole_weights(accelerator):
     its ``zero3_init_flag``) transformers would build it under ``zero.Init``, partitioned, which only a DeepSpeed
     engine can run and which needs every process. transformers' switch is off inside; accelerate's plugin sets it
     again after."""
-    plugin = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None)
+    plugin = deepspeed_plugin(accelerator)
     if plugin is None:
         yield
         return
