@@ -30,9 +30,11 @@ CELLS = {"se": ("test-probes-se.jsonl", controls.SE), "se-lora": ("test-probes-s
 
 
 def chosen_ids() -> list[str]:
-    """The replayed prompt ids (logged in both 4x logs): 3 classic, 3 multikey (2 before MERGE, 1 after)."""
+    """The replayed prompt ids (old lines of both 4x logs): 3 classic, 3 multikey (2 before MERGE, 1 after). Lines that
+    name their own commit are not drawn from: they need no replay, and the draw stays as made when they are appended."""
     firsts = [first_commits(log) for log, _ in CELLS.values()]
-    both = sorted(set(firsts[0]) & set(firsts[1]))
+    old = [{i for i, first in f.items() if not first["recorded"]} for f in firsts]
+    both = sorted(old[0] & old[1])
     rng = random.Random(SEED)
     classic = [i for i in both if "/k1/" in i]
     before = [i for i in both if "/k3/" in i and not firsts[0][i]["after_merge"]]
