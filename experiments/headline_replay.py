@@ -4,11 +4,12 @@ answer compared with the logged one as a whole string.
     python experiments/headline_replay.py --run       # ask the replayed prompts (resumable), then compare
     python experiments/headline_replay.py             # compare what is logged; print the page section
 
-The 4x logs (``test-probes-se.jsonl``, ``test-probes-se-lora.jsonl``) were written before log lines named their
-commit. When each line first reached the repository is read from git (``first_commits``); the engine changed while
-they ran (the compiled-decode merge ``cd02b51`` among others). Replayed: 3 classic prompts drawn from every logged
-classic line, and 3 multikey prompts, 2 drawn from the lines logged before ``cd02b51`` and 1 from those after (a
-fixed seed), for both configurations, logged with their provenance in ``replay-probes-<cell>.jsonl``.
+The 4x logs' first lines (``test-probes-se.jsonl``, ``test-probes-se-lora.jsonl``) were written before log lines
+named their commit. When each line first reached the repository is read from git (``first_commits``); the engine
+changed while they ran (the compiled-decode merge ``cd02b51`` among others). Replayed, from those old lines alone (the
+lines appended later name their commit): 3 classic prompts drawn from every old classic line, and 3 multikey prompts,
+2 drawn from the lines logged before ``cd02b51`` and 1 from those after (a fixed seed), for both configurations, logged
+with their provenance in ``replay-probes-<cell>.jsonl``.
 """
 
 from __future__ import annotations
